@@ -1,0 +1,26 @@
+# `make run` trains the example PPO on CartPole-v1; `make test` runs the test-suite.
+# Both create .venv and install everything on first use (and again when setup.cfg changes).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Pinned so that pip takes a known release; override e.g. TORCH_SPEC='torch>=2.4'.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: run test clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet '$(TORCH_SPEC)'
+	$(PY) -m pip install --quiet -e '.[examples,test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,7 @@
+"""torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
+
+from torch_rollout.collector import Collector
+from torch_rollout.gae import compute_gae
+
+__all__ = ["Collector", "compute_gae"]
+__version__ = "0.1.0"
