@@ -1,0 +1,88 @@
+"""A counting env whose every step is assertable by hand, and policies to drive it."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from torch import nn
+
+
+class CountingEnv(gym.Env):
+    """obs = [env_id, episode, step in episode, last action] as float64 (stored as float32).
+
+    Episode ``e`` of env ``k`` lasts ``3 + (7k + 5e) % 6`` steps and ends by
+    termination unless ``(k + e) % 3 == 0``, in which case it is truncated.
+    The reward of a step is ``10 * step + action``. Every real step is appended
+    to ``log`` as ``(obs, action, reward, next_obs, terminated, truncated)``;
+    ``next_obs`` at an episode end is the final observation.
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, env_id: int = 0) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float64)
+        self.action_space = gym.spaces.Discrete(3)
+        self.env_id = env_id
+        self.episode = -1
+        self.t = 0
+        self.last_action = -1
+        self.log: list[tuple] = []
+
+    def length(self, episode: int) -> int:
+        return 3 + (7 * self.env_id + 5 * episode) % 6
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.env_id, self.episode, self.t, self.last_action], dtype=np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        self.last_action = -1
+        return self._obs(), {}
+
+    def step(self, action):
+        obs = self._obs()
+        action = int(action)
+        reward = 10.0 * self.t + action
+        self.t += 1
+        self.last_action = action
+        ended = self.t == self.length(self.episode)
+        terminated = ended and (self.env_id + self.episode) % 3 != 0
+        truncated = ended and not terminated
+        next_obs = self._obs()
+        self.log.append((obs, action, reward, next_obs, terminated, truncated))
+        return next_obs, reward, terminated, truncated, {}
+
+
+gym.register("TorchRolloutCounting-v0", entry_point=CountingEnv)
+
+
+def make_counting_envs(num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP) -> SyncVectorEnv:
+    return SyncVectorEnv([lambda i=i: CountingEnv(i) for i in range(num_envs)], autoreset_mode=mode)
+
+
+def value_fn(obs: torch.Tensor) -> torch.Tensor:
+    """The test policies' value of observations ``[n, 4]`` of CountingEnv."""
+    obs = torch.as_tensor(obs, dtype=torch.float64).reshape(-1, 4)
+    return 0.01 * obs[:, 0] + 0.1 * obs[:, 1] + 0.5 * obs[:, 2] + 0.3 * obs[:, 3]
+
+
+class CountingPolicy(nn.Module):
+    """Values from ``value_fn``; actions drawn from torch's RNG, or a function of obs when ``deterministic``."""
+
+    def __init__(self, *, deterministic: bool = False) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.deterministic = deterministic
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = obs.shape[0]
+        if self.deterministic:
+            action = (obs[:, 0] + obs[:, 1] + obs[:, 2]).long() % 3
+        else:
+            action = torch.randint(0, 3, (n,), device=obs.device)
+        value = (value_fn(obs).to(obs.dtype) * self.scale).to(obs.device)
+        return {"action": action, "value": value, "log_prob": torch.full((n,), -1.0986, device=obs.device)}

@@ -1,0 +1,251 @@
+"""Bad input, background errors and shutdown."""
+
+from __future__ import annotations
+
+import gc
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import traceback
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import SyncVectorEnv
+from torch import nn
+
+from counting_env import CountingEnv, CountingPolicy, make_counting_envs
+from torch_rollout import Collector
+
+
+def collector_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "torch_rollout-collector"]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    yield
+    gc.collect()
+    assert collector_threads() == []
+
+
+class FnPolicy(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, obs):
+        return self.fn(obs)
+
+
+def first_batch(policy, *, envs=None, **kwargs):
+    envs = envs or make_counting_envs(2)
+    try:
+        with Collector(envs, policy, num_steps=4, device="cpu", **kwargs) as collector:
+            return next(iter(collector))
+    finally:
+        envs.close()
+
+
+# -- constructor arguments -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"num_steps": 0}, ValueError, "Collector: num_steps must be an int >= 1, got 0"),
+        ({"num_steps": -3}, ValueError, "Collector: num_steps must be an int >= 1, got -3"),
+        ({"num_steps": 2.5}, TypeError, "Collector: num_steps must be an int >= 1, got float 2.5"),
+        ({"num_steps": True}, TypeError, "Collector: num_steps must be an int >= 1, got bool True"),
+        ({"num_steps": 4, "prefetch": -1}, ValueError, "Collector: prefetch must be an int >= 0, got -1"),
+        ({"num_steps": 4, "total_timesteps": 0}, ValueError, "Collector: total_timesteps must be an int >= 1, got 0"),
+        ({"num_steps": 4, "gamma": 1.5}, ValueError, "Collector: gamma must be a float in [0, 1], got 1.5"),
+        ({"num_steps": 4, "gae_lambda": -0.1}, ValueError, "Collector: gae_lambda must be a float in [0, 1], got -0.1"),
+        ({"num_steps": 4, "timeout": 0}, ValueError, "Collector: timeout must be a positive number of seconds or None, got 0"),
+        ({"num_steps": 4, "num_envs": 3}, ValueError, "Collector: num_envs=3 but the given vector env has num_envs=2"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_bad_arguments(kwargs, error, message):
+    envs = make_counting_envs(2)
+    with pytest.raises(error, match=re.escape(message)):
+        Collector(envs, CountingPolicy(), device="cpu", **kwargs)
+    envs.close()
+
+
+def test_bad_envs_and_policy_arguments():
+    with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='NoSuchEnv-v0'")):
+        Collector("NoSuchEnv-v0", CountingPolicy(), num_envs=2, num_steps=4)
+    with pytest.raises(ValueError, match=re.escape("Collector: num_envs is required with an env id (envs='CartPole-v1')")):
+        Collector("CartPole-v1", CountingPolicy(), num_steps=4)
+    with pytest.raises(TypeError, match=re.escape("Collector: envs must be a gymnasium.vector.VectorEnv or an env id str, got CountingEnv (wrap a single env")):
+        Collector(CountingEnv(), CountingPolicy(), num_steps=4)
+    envs = make_counting_envs(2)
+    with pytest.raises(TypeError, match=re.escape("Collector: policy must be a torch.nn.Module, got function")):
+        Collector(envs, lambda obs: obs, num_steps=4)
+    envs.close()
+
+
+def test_unsupported_spaces_are_named():
+    class TupleObs(CountingEnv):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gym.spaces.Tuple([gym.spaces.Discrete(2)])
+
+    class TextAction(CountingEnv):
+        def __init__(self):
+            super().__init__()
+            self.action_space = gym.spaces.Text(5)
+
+    envs = SyncVectorEnv([TupleObs])
+    with pytest.raises(TypeError, match=re.escape("Collector: unsupported observation_space Tuple(Discrete(2)); expected Box")):
+        Collector(envs, CountingPolicy(), num_steps=4, device="cpu")
+    envs.close()
+    envs = SyncVectorEnv([TextAction])
+    with pytest.raises(TypeError, match=re.escape("Collector: unsupported action_space Text(")):
+        Collector(envs, CountingPolicy(), num_steps=4, device="cpu")
+    envs.close()
+
+
+def test_lockstep_policy_on_another_device_is_an_error():
+    policy = CountingPolicy().to("meta")
+    envs = make_counting_envs(1)
+    with pytest.raises(ValueError, match=re.escape("Collector: with prefetch=0 the policy runs as given, but its tensor 'scale' is on meta, not on device=cpu")):
+        Collector(envs, policy, num_steps=4, prefetch=0, device="cpu")
+    envs.close()
+
+
+# -- policy outputs (raised by next()) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
+@pytest.mark.parametrize(
+    "fn, error, message",
+    [
+        (lambda obs: {"value": torch.zeros(obs.shape[0]), "logits": torch.zeros(obs.shape[0], 3)}, ValueError,
+         "Collector: policy output has no 'action' key; it returned keys ['logits', 'value']"),
+        (lambda obs: torch.zeros(obs.shape[0]), TypeError,
+         "Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, got Tensor"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0] + 1, dtype=torch.long)}, ValueError,
+         "Collector: policy output 'action' has shape (3,), expected a leading size of 2 (one row per env)"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0], 1, dtype=torch.long)}, ValueError,
+         "Collector: policy output 'action' has shape (2, 1), expected (2,) (num_envs, *action_space.shape)"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0])}, TypeError,
+         "Collector: policy output 'action' has dtype torch.float32, expected an integer dtype for Discrete(3)"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": torch.zeros(obs.shape[0], 2)},
+         ValueError, "Collector: policy output 'value' has shape (2, 2) and dtype torch.float32, expected a floating-point tensor of shape (2,) or (2, 1)"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": [0.0, 0.0]}, TypeError,
+         "Collector: policy output 'value' must be a torch.Tensor of shape [2, ...], got list"),
+        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "h": torch.zeros(())}, ValueError,
+         "Collector: policy output 'h' has shape (), expected a leading size of 2"),
+    ],
+    ids=["no-action", "not-mapping", "action-rows", "action-shape", "action-dtype", "value-shape", "not-tensor", "scalar"],
+)
+def test_bad_policy_outputs(fn, error, message, prefetch):
+    with pytest.raises(error, match=re.escape(message)):
+        first_batch(FnPolicy(fn), prefetch=prefetch)
+
+
+# -- errors in the background -------------------------------------------------------------------
+
+
+class EnvFailure(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"env broke with code {code}")
+        self.code = code
+
+
+class FailingEnv(CountingEnv):
+    def step(self, action):
+        if len(self.log) == 6:
+            raise EnvFailure(42)
+        return super().step(action)
+
+
+gym.register("TorchRolloutFailing-v0", entry_point=FailingEnv)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3], ids=lambda p: f"prefetch{p}")
+def test_env_error_reaches_consumer_with_traceback(prefetch):
+    collector = Collector("TorchRolloutFailing-v0", CountingPolicy(), num_envs=2, num_steps=4, prefetch=prefetch,
+                          device="cpu")
+    batches = []
+    with pytest.raises(EnvFailure, match="env broke with code 42") as info:
+        for batch in collector:
+            batches.append(batch)
+    assert info.value.code == 42  # the very exception object, not a re-wrapped one
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "step" in frames and "_collect" in frames
+    assert len(batches) == 1  # the first 4 steps arrived before the failure
+    assert collector.closed and collector.envs.closed
+    assert not collector._worker.thread.is_alive()
+    with pytest.raises(RuntimeError, match=re.escape("Collector: cannot iterate after the background collection failed with EnvFailure: env broke with code 42")):
+        next(collector)
+
+
+def test_policy_error_reaches_consumer():
+    def fn(obs):
+        raise ZeroDivisionError("policy exploded")
+
+    with pytest.raises(ZeroDivisionError, match="policy exploded"):
+        first_batch(FnPolicy(fn), prefetch=1)
+
+
+# -- shutdown --------------------------------------------------------------------------------------
+
+
+def test_close_is_idempotent_and_stops_the_thread():
+    envs = make_counting_envs(2)
+    collector = Collector(envs, CountingPolicy(), num_steps=4, device="cpu", prefetch=2)
+    next(collector)
+    collector.close()
+    collector.close()
+    assert collector_threads() == []
+    assert not envs.closed  # not created by the collector: the caller closes it
+    with pytest.raises(RuntimeError, match=re.escape("Collector: cannot iterate a closed collector")):
+        next(collector)
+    envs.close()
+
+
+def test_break_inside_with_leaves_no_thread():
+    envs = make_counting_envs(2)
+    with Collector(envs, CountingPolicy(), num_steps=4, device="cpu", prefetch=1) as collector:
+        for i, _ in enumerate(collector):
+            if i == 2:
+                break
+    assert collector.closed and collector_threads() == []
+    envs.close()
+
+
+def test_garbage_collection_closes():
+    collector = Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=4, device="cpu")
+    next(collector)
+    envs = collector.envs
+    del collector
+    gc.collect()
+    assert collector_threads() == []
+    assert envs.closed
+
+
+def test_interpreter_exit_with_running_collector_does_not_hang():
+    script = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+        from torch_rollout import Collector
+
+        class Policy(nn.Module):
+            def forward(self, obs):
+                return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+
+        collector = Collector("CartPole-v1", Policy(), num_envs=2, num_steps=8, prefetch=2, device="cpu")
+        next(collector)
+        print("collected")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "collected" in result.stdout
