@@ -1,0 +1,445 @@
+"""Collection throughput on CartPole-v1: torch_rollout against TorchRL, SB3, rlox, a CleanRL-style loop and two floors.
+
+Every system collects batches of T x N transitions with the same 64x64 tanh
+actor-critic (same weights, same env seeds, one torch thread) and computes GAE
+on each batch its own way. The unit is real transitions per second: rows that
+are only an env reset (gymnasium's NEXT_STEP autoreset) are not counted.
+
+The gymnasium-based systems all step CartPole-v1 one env at a time in a
+``SyncVectorEnv`` (SB3 in its equivalent ``DummyVecEnv``; TorchRL and rlox's
+gymnasium path in SAME_STEP mode, which they require), the env the gymnasium
+floor steps. rlox's native path steps its own Rust CartPole. One more
+torch_rollout row passes the env id, for which ``gymnasium.make_vec`` builds the
+NumPy-vectorised ``CartPoleVectorEnv``: a different, faster env, shown apart.
+
+Usage::
+
+    benchmarks/.venv/bin/python benchmarks/collect.py [--quick] [--repeats R] [--num-envs 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from _common import (
+    ActorCritic,
+    Session,
+    fmt_rate,
+    machine_info,
+    make_policy,
+    markdown_table,
+    quiet_warnings,
+    run_interleaved,
+    summarize,
+    write_json,
+)
+
+__all__ = ["run", "REFERENCE"]
+
+ENV_ID = "CartPole-v1"
+GAMMA, GAE_LAMBDA = 0.99, 0.95
+REFERENCE = "torch_rollout Collector (prefetch=1)"
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _policy(state: dict[str, torch.Tensor], seed: int) -> ActorCritic:
+    """A fresh copy of the shared weights; reseeds torch so every system samples actions from the same stream."""
+    policy = make_policy(seed)
+    policy.load_state_dict(state)
+    torch.manual_seed(seed)
+    return policy
+
+
+# ------------------------------------------------------------------------------ systems
+
+
+class TorchRollout:
+    """torch_rollout's Collector on a gymnasium ``SyncVectorEnv`` (NEXT_STEP unless ``autoreset_mode`` says otherwise).
+
+    With ``env_id_only`` the Collector gets the env id and builds the env itself with
+    ``gymnasium.make_vec``'s default, which for CartPole is gymnasium's NumPy-vectorised
+    ``CartPoleVectorEnv``, not a ``SyncVectorEnv``.
+    """
+
+    def __init__(
+        self, num_envs: int, num_steps: int, seed: int, state: dict, *, prefetch: int, env_id: str = ENV_ID,
+        autoreset_mode: gym.vector.AutoresetMode | None = None, env_id_only: bool = False,
+    ) -> None:  # fmt: skip
+        from torch_rollout import Collector
+
+        self.envs = None
+        if not env_id_only:
+            vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
+            self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
+        self.collector = Collector(
+            self.envs if self.envs is not None else env_id, _policy(state, seed), num_steps=num_steps,
+            num_envs=None if self.envs is not None else num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu",
+            prefetch=prefetch, seed=seed,
+        )  # fmt: skip
+        self.batches = iter(self.collector)
+
+    def step(self) -> int:
+        self.last = next(self.batches)  # TensorDict [T, N]
+        return int(self.last["mask"].sum())
+
+    def close(self) -> None:
+        self.collector.close()
+        if self.envs is not None:
+            self.envs.close()
+
+
+class TorchRL:
+    """TorchRL's ``Collector`` on a SAME_STEP gymnasium vector env, then its ``GAE`` module on each batch.
+
+    The actor writes action and log-prob; the GAE module runs the critic over the
+    batch's observations and next observations, as TorchRL's PPO recipes do.
+    """
+
+    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
+        from tensordict.nn import TensorDictModule
+        from torchrl.collectors import Collector
+        from torchrl.envs import GymWrapper
+        from torchrl.objectives.value import GAE
+
+        policy = _policy(state, seed)
+        vec = gym.vector.SyncVectorEnv(
+            [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+        env = GymWrapper(vec, categorical_action_encoding=True, device="cpu")
+        env.set_seed(seed)
+        actor = TensorDictModule(
+            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
+        )
+        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
+        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
+        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
+        self.batches = iter(self.collector)
+
+    def step(self) -> int:
+        self.last = batch = next(self.batches)  # TensorDict [N, T]
+        with torch.no_grad():
+            self.gae(batch)
+        return batch.numel()
+
+    def close(self) -> None:
+        self.collector.shutdown()
+
+
+class StableBaselines3:
+    """SB3's ``PPO.collect_rollouts`` into its ``RolloutBuffer`` (which computes GAE) on a DummyVecEnv."""
+
+    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.env_util import make_vec_env
+
+        self.num_envs, self.num_steps = num_envs, num_steps
+        venv = make_vec_env(env_id, n_envs=num_envs, seed=seed)
+        self.model = PPO(
+            "MlpPolicy", venv, n_steps=num_steps, batch_size=min(256, num_steps * num_envs), gamma=GAMMA,
+            gae_lambda=GAE_LAMBDA, device="cpu", seed=seed, policy_kwargs=sb3_policy_kwargs(),
+        )  # fmt: skip
+        load_sb3_weights(self.model.policy, state)
+        torch.manual_seed(seed)
+        _, self.callback = self.model._setup_learn(total_timesteps=2**62, callback=None)
+
+    def step(self) -> int:
+        self.model.collect_rollouts(
+            self.model.env, self.callback, self.model.rollout_buffer, n_rollout_steps=self.num_steps
+        )
+        return self.num_steps * self.num_envs
+
+    def close(self) -> None:
+        self.model.env.close()
+
+
+def sb3_policy_kwargs() -> dict[str, Any]:
+    """SB3's MlpPolicy shaped like ActorCritic: separate 64x64 tanh actor and critic."""
+    return {"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh}
+
+
+def load_sb3_weights(sb3_policy: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copies ActorCritic weights into an SB3 ActorCriticPolicy built with ``sb3_policy_kwargs``."""
+    names = {
+        "actor.0": "mlp_extractor.policy_net.0", "actor.2": "mlp_extractor.policy_net.2", "actor.4": "action_net",
+        "critic.0": "mlp_extractor.value_net.0", "critic.2": "mlp_extractor.value_net.2", "critic.4": "value_net",
+    }  # fmt: skip
+    mapped = {}
+    for key, tensor in state.items():
+        module, param = key.rsplit(".", 1)
+        mapped[f"{names[module]}.{param}"] = tensor
+    sb3_policy.load_state_dict(mapped, strict=False)  # strict=False: SB3 keeps extra (empty) extractor modules
+    missing = set(mapped) - set(sb3_policy.state_dict())
+    if missing:
+        raise RuntimeError(f"SB3 policy lacks {sorted(missing)}")
+
+
+class Rlox:
+    """rlox's ``RolloutCollector``: its native Rust CartPole, or its gymnasium path (``GymVecEnv``, SAME_STEP)."""
+
+    def __init__(
+        self, num_envs: int, num_steps: int, seed: int, state: dict, *, native: bool, env_id: str = ENV_ID
+    ) -> None:
+        from rlox.collectors import RolloutCollector
+        from rlox.gym_vec_env import GymVecEnv
+
+        env = None if native else GymVecEnv(env_id, n_envs=num_envs, seed=seed)
+        self.collector = RolloutCollector(
+            env_id, n_envs=num_envs, seed=seed, gamma=GAMMA, gae_lambda=GAE_LAMBDA, env=env
+        )
+        self.policy = _policy(state, seed)
+        self.num_steps, self.num_envs = num_steps, num_envs
+
+    def step(self) -> int:
+        self.last = self.collector.collect(self.policy, n_steps=self.num_steps)  # flat [T * N], T-major
+        return self.num_steps * self.num_envs
+
+    def close(self) -> None:
+        close = getattr(self.collector.env, "close", None)
+        if close is not None:
+            close()
+
+
+class CleanRLStyle:
+    """The loop CleanRL's ppo.py writes: preallocated [T, N] buffers, done = terminated | truncated, Python-loop GAE.
+
+    Like CleanRL on gymnasium 1.x it runs in NEXT_STEP mode and treats reset rows as
+    transitions; only the real ones are counted here.
+    """
+
+    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
+        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+        self.agent = _policy(state, seed)
+        self.num_steps, self.num_envs = num_steps, num_envs
+        obs_dim = self.envs.single_observation_space.shape[0]
+        self.obs = torch.zeros(num_steps, num_envs, obs_dim)
+        self.actions = torch.zeros(num_steps, num_envs, dtype=torch.long)
+        self.log_probs, self.rewards, self.dones, self.values, self.advantages = (
+            torch.zeros(num_steps, num_envs) for _ in range(5)
+        )
+        next_obs, _ = self.envs.reset(seed=seed)
+        self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+        self.next_done = torch.zeros(num_envs)
+
+    def step(self) -> int:
+        for t in range(self.num_steps):
+            self.obs[t] = self.next_obs
+            self.dones[t] = self.next_done
+            with torch.no_grad():
+                action, log_prob, value = self.agent.get_action_and_value(self.next_obs)
+            self.actions[t], self.log_probs[t], self.values[t] = action, log_prob, value
+            next_obs, reward, terminated, truncated, _ = self.envs.step(action.numpy())
+            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
+            self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+            self.next_done = torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32)
+        with torch.no_grad():
+            next_value = self.agent.get_value(self.next_obs)
+            last = torch.zeros(self.num_envs)
+            for t in reversed(range(self.num_steps)):
+                if t == self.num_steps - 1:
+                    not_done, bootstrap = 1.0 - self.next_done, next_value
+                else:
+                    not_done, bootstrap = 1.0 - self.dones[t + 1], self.values[t + 1]
+                delta = self.rewards[t] + GAMMA * bootstrap * not_done - self.values[t]
+                self.advantages[t] = last = delta + GAMMA * GAE_LAMBDA * not_done * last
+            self.returns = self.advantages + self.values
+        # dones[t] is the previous step's done: in NEXT_STEP mode row t only reset the env
+        return int(self.num_steps * self.num_envs - self.dones.sum().item())
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class EnvFloor:
+    """The vector env alone, stepped with pre-drawn random actions: no collector can beat this on the same env.
+
+    ``backend``: "gymnasium" (the SyncVectorEnv the collectors use), "gymnasium-vector"
+    (``make_vec``'s default for CartPole, the NumPy ``CartPoleVectorEnv``), "envpool" or "rlox".
+    """
+
+    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str = "gymnasium") -> None:
+        rng = np.random.default_rng(seed)
+        actions = rng.integers(0, 2, size=(num_steps, num_envs))
+        self.backend = backend
+        if backend in ("gymnasium", "gymnasium-vector"):
+            mode = "sync" if backend == "gymnasium" else None
+            self.env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode=mode)
+            self.env.reset(seed=seed)
+            self.actions = list(actions)
+        elif backend == "envpool":
+            import envpool
+
+            self.env = envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
+            self.env.reset()
+            self.actions = list(actions.astype(np.int32))
+        elif backend == "rlox":
+            import rlox
+
+            self.env = rlox.VecEnv(n=num_envs, seed=seed, env_id=ENV_ID)
+            self.env.reset_all()
+            self.actions = [row.tolist() for row in actions]  # rlox takes a list of ints
+        else:
+            raise ValueError(f"EnvFloor: unknown backend {backend!r}")
+        self.num_steps, self.num_envs = num_steps, num_envs
+
+    def step(self) -> int:
+        if self.backend == "rlox":
+            for action in self.actions:
+                self.env.step_all(action)
+        else:
+            for action in self.actions:
+                self.env.step(action)
+        return self.num_steps * self.num_envs
+
+    def close(self) -> None:
+        if self.backend != "rlox":
+            self.env.close()
+
+
+class PolicyFloor:
+    """The policy forward alone (sample, log-prob, value) on T pre-recorded CartPole observation batches."""
+
+    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict) -> None:
+        envs = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
+        obs, _ = envs.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        recorded = []
+        for _ in range(num_steps):
+            recorded.append(torch.as_tensor(obs, dtype=torch.float32))
+            obs, *_ = envs.step(rng.integers(0, 2, size=num_envs))
+        envs.close()
+        self.obs = recorded  # T tensors [N, 4]
+        self.policy = _policy(state, seed)
+        self.num_steps, self.num_envs = num_steps, num_envs
+
+    def step(self) -> int:
+        with torch.no_grad():
+            for obs in self.obs:
+                self.policy(obs)
+        return self.num_steps * self.num_envs
+
+    def close(self) -> None:
+        pass
+
+
+def systems(
+    num_envs: int, num_steps: int, seed: int, state: dict
+) -> tuple[dict[str, Callable[[], Session]], list[str]]:
+    """Factories of every system that can run here, and notes on the ones that cannot."""
+    args = (num_envs, num_steps, seed, state)
+    factories: dict[str, Callable[[], Session]] = {
+        REFERENCE: lambda: TorchRollout(*args, prefetch=1),
+        "torch_rollout Collector (prefetch=0)": lambda: TorchRollout(*args, prefetch=0),
+        # what Collector("CartPole-v1", ...) gets by default: another env implementation
+        "torch_rollout Collector (prefetch=1), env id: CartPoleVectorEnv": lambda: TorchRollout(
+            *args, prefetch=1, env_id_only=True
+        ),
+    }
+    notes = []
+    if _has("torchrl"):
+        factories["TorchRL Collector + GAE"] = lambda: TorchRL(*args)
+    else:
+        notes.append("TorchRL not installed: skipped")
+    if _has("stable_baselines3"):
+        factories["SB3 PPO.collect_rollouts"] = lambda: StableBaselines3(*args)
+    else:
+        notes.append("stable-baselines3 not installed: skipped")
+    if _has("rlox"):
+        factories["rlox RolloutCollector (gymnasium)"] = lambda: Rlox(*args, native=False)
+        factories["rlox RolloutCollector (native CartPole)"] = lambda: Rlox(*args, native=True)
+    else:
+        notes.append("rlox not installed: skipped")
+    factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args)
+    factories["floor: gymnasium SyncVectorEnv stepping alone"] = lambda: EnvFloor(*args)
+    factories["floor: policy forward alone"] = lambda: PolicyFloor(*args)
+    # other env back-ends: what the env floor would be with another CartPole implementation
+    factories["ref: gymnasium CartPoleVectorEnv stepping alone"] = lambda: EnvFloor(*args, backend="gymnasium-vector")
+    if _has("envpool"):
+        factories["ref: envpool env stepping alone"] = lambda: EnvFloor(*args, backend="envpool")
+    else:
+        notes.append("envpool not installed: its env floor skipped")
+    if _has("rlox"):
+        factories["ref: rlox VecEnv stepping alone"] = lambda: EnvFloor(*args, backend="rlox")
+    return factories, notes
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def run(
+    *, quick: bool = False, repeats: int | None = None, num_envs: list[int] | None = None, num_steps: int = 128,
+    seed: int = 0, log: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    """Runs the collection benchmark and returns its results (also written to results/collect.json).
+
+    Args:
+        quick: one repeat, N=8 only, one timed batch: checks that every system runs.
+        repeats: interleaved rounds (default 1 quick, 5 full).
+        num_envs: the N values to run (default [8] quick, [8, 64] full).
+        num_steps: T, steps per env per batch.
+        seed: env and weight seed shared by all systems.
+        log: where progress lines go.
+
+    Returns:
+        A dict with ``machine``, ``config`` and, per N, ``rows`` from :func:`summarize`.
+    """
+    quiet_warnings()
+    torch.set_num_threads(1)
+    repeats = repeats or (1 if quick else 5)
+    num_envs = num_envs or ([8] if quick else [8, 64])
+    state = make_policy(seed).state_dict()
+    results: dict[str, Any] = {"machine": machine_info(), "config": {"T": num_steps, "repeats": repeats, "seed": seed}}
+    results["tables"] = {}
+    for n in num_envs:
+        # at least ~3k timed transitions per system per repeat; one warm-up batch before
+        timed = 1 if quick else max(1, 3072 // (n * num_steps))
+        factories, notes = systems(n, num_steps, seed, state)
+        log(f"collect: N={n} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
+        rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
+        results["tables"][str(n)] = {
+            "num_envs": n, "timed_batches": timed, "notes": notes, "samples": rates,
+            "rows": summarize(rates, REFERENCE),
+        }  # fmt: skip
+    results["config"]["quick"] = quick
+    write_json("collect_quick" if quick else "collect", results)
+    return results
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    """The collection tables, one per N."""
+    parts = []
+    for table in results["tables"].values():
+        rows = [
+            [r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}", f"{r['ratio']:.2f}x"]
+            for r in table["rows"]
+        ]
+        title = f"Collection, CartPole-v1, T={results['config']['T']} x N={table['num_envs']}, GAE included"
+        parts.append(f"**{title}** (transitions/s, median of {results['config']['repeats']})\n\n")
+        parts.append(markdown_table(["system", "median", "range", "vs torch_rollout"], rows))
+        for note in table["notes"]:
+            parts.append(f"\n\n_{note}_")
+        parts.append("\n\n")
+    return "".join(parts).rstrip() + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one short repeat: checks that every system runs")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--num-envs", type=int, nargs="+", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(to_markdown(run(quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed)))
+
+
+if __name__ == "__main__":
+    main()
