@@ -1,0 +1,501 @@
+"""PPO on top of torch_rollout: one file, read top to bottom.
+
+Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
+The collector steps the envs and runs the policy in a background thread, so the next
+batch is being collected while this script updates the agent on the current one.
+
+Usage::
+
+    python examples/ppo.py                                   # CartPole-v1, configs/ppo_cartpole.yaml
+    python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
+    python examples/ppo.py --config configs/ppo_halfcheetah.yaml
+    python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import sys
+import time
+import types
+import typing
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import yaml
+from tensordict import TensorDict
+from torch.distributions import Categorical, Distribution, Independent, Normal
+from tqdm import tqdm
+
+from torch_rollout import Collector
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartpole.yaml"
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass
+class Config:
+    """PPO hyperparameters; the defaults are CleanRL's ppo.py, the YAML files tune them per env."""
+
+    exp_name: str = "ppo"  # first part of the run folder's name
+    run_dir: str | None = None  # output folder; None: runs/<exp_name>_<env_id>_seed<seed>
+    seed: int = 1  # seeds the agent's init, the env resets, action sampling and minibatch order
+    device: str | None = None  # where the agent and the batches live; None: cuda if available
+    torch_threads: int = 1  # intra-op threads for torch; set_num_threads is process-wide
+
+    env_id: str = "CartPole-v1"  # any gymnasium id with a flat Box observation space
+    num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
+    normalize_obs: bool = False  # NormalizeObservation; its statistics go into the checkpoint
+    clip_obs: float | None = None  # clip normalised observations to [-clip_obs, clip_obs]
+    normalize_reward: bool = False  # NormalizeReward: divide by a running std of the discounted return
+    clip_reward: float | None = None  # clip scaled rewards to [-clip_reward, clip_reward]
+    clip_action: bool = False  # ClipAction on Box action spaces
+
+    total_timesteps: int = 500_000  # env transitions to collect (all envs together)
+    num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
+    prefetch: int = 1  # batches collected ahead in the background; 0: collect in lockstep
+    learning_rate: float = 2.5e-4  # Adam step size at the start
+    anneal_lr: bool = True  # decay the learning rate linearly to 0 over the run
+    adam_eps: float = 1e-5  # Adam's epsilon
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # GAE's bias/variance trade-off
+    num_minibatches: int = 4  # minibatches per epoch
+    update_epochs: int = 4  # passes over each batch
+    norm_adv: bool = True  # normalise advantages per minibatch
+    clip_coef: float = 0.2  # PPO's ratio clip range
+    clip_vloss: bool = True  # clip the value update around the stored value too
+    ent_coef: float = 0.01  # entropy bonus
+    vf_coef: float = 0.5  # value loss weight
+    max_grad_norm: float = 0.5  # global gradient-norm clip
+    target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
+
+    hidden_size: int = 64  # width of the two tanh layers of actor and critic
+    init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
+
+    return_window: int = 20  # episodes in the reported mean return
+    eval_episodes: int = 10  # deterministic episodes run by --eval
+
+
+class ConfigError(ValueError):
+    """A config file or override names an unknown key or gives a value of the wrong type."""
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Checks `value` against a field's type; returns it, ints widened to float."""
+    expected = annotation
+    if isinstance(annotation, types.UnionType):  # only `X | None` in Config
+        if value is None:
+            return None
+        (expected,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    name = expected.__name__ if expected is annotation else f"{expected.__name__} or None"
+    error = ConfigError(f"config key {key!r}: expected {name}, got {value!r} ({type(value).__name__})")
+    # bool is an int subclass: True must not pass as num_envs=1, nor 1 as a flag
+    if isinstance(value, bool) != (expected is bool):
+        raise error
+    if expected is float and isinstance(value, (int, str)):
+        try:
+            return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
+        except ValueError:
+            raise error from None
+    if not isinstance(value, expected):
+        raise error
+    return value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), *, base: dict[str, Any] | None = None
+) -> Config:
+    """Builds a Config from `base` (a checkpoint's config), the YAML file at `path`, then `key=value` overrides.
+
+    Override values are read as YAML scalars (`true`, `null`, `3e-4`, `128`); string
+    fields take the text as it is.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a malformed override.
+    """
+    hints = typing.get_type_hints(Config)
+    values: dict[str, Any] = {}
+
+    def set_value(key: str, value: Any, where: str) -> None:
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown config key {key!r}; known keys: {', '.join(hints)}")
+        try:
+            values[key] = _coerce(key, value, hints[key])
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}") from None
+
+    for key, value in (base or {}).items():
+        set_value(key, value, "checkpoint")
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        for key, value in loaded.items():
+            set_value(str(key), value, str(path))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE")
+        key = key.strip()
+        if hints.get(key) in (str, str | None) and text != "null":
+            value = text
+        else:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"override {item!r}: {text!r} is not a YAML scalar") from None
+        set_value(key, value, f"override {item!r}")
+    return Config(**values)
+
+
+# ---------------------------------------------------------------------------- environments
+
+
+def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vector.VectorEnv:
+    """Builds the vector env with the wrappers the config asks for.
+
+    With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping.
+    """
+    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync")
+    if cfg.normalize_reward and training:
+        # NormalizeReward rescales what the collector sees, so its episode_return is no
+        # longer the env's return: record the raw returns beneath the scaling
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs, buffer_length=cfg.return_window)
+    if cfg.clip_action:
+        envs = gym.wrappers.vector.ClipAction(envs)
+    if cfg.normalize_obs:
+        envs = gym.wrappers.vector.NormalizeObservation(envs)
+        if cfg.clip_obs is not None:
+            bound = cfg.clip_obs
+            envs = gym.wrappers.vector.TransformObservation(envs, lambda obs: np.clip(obs, -bound, bound))
+    if cfg.normalize_reward and training:
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=cfg.gamma)
+        if cfg.clip_reward is not None:
+            envs = gym.wrappers.vector.ClipReward(envs, -cfg.clip_reward, cfg.clip_reward)
+    return envs
+
+
+def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
+    """The first wrapper of type `cls` in the chain, or None."""
+    while not isinstance(envs, cls):
+        envs = getattr(envs, "env", None)
+        if envs is None:
+            return None
+    return envs
+
+
+# ---------------------------------------------------------------------------- agent
+
+
+def layer(in_features: int, out_features: int, std: float = math.sqrt(2)) -> nn.Linear:
+    linear = nn.Linear(in_features, out_features)
+    nn.init.orthogonal_(linear.weight, std)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+class Agent(nn.Module):
+    """Actor-critic MLP: Categorical for Discrete actions, diagonal Gaussian for Box."""
+
+    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> None:
+        super().__init__()
+        obs_dim, h = int(np.prod(obs_space.shape)), cfg.hidden_size
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        if self.continuous:
+            out_dim = int(np.prod(action_space.shape))
+            # state-independent log-std, as in the original PPO paper's MuJoCo runs
+            self.log_std = nn.Parameter(torch.full((out_dim,), cfg.init_log_std))
+        elif isinstance(action_space, gym.spaces.Discrete):
+            out_dim = int(action_space.n)
+        else:
+            raise TypeError(f"Agent supports Discrete and Box action spaces, got {action_space}")
+        # a small last-layer gain keeps the initial policy near uniform / zero-mean
+        self.actor = nn.Sequential(layer(obs_dim, h), nn.Tanh(), layer(h, h), nn.Tanh(), layer(h, out_dim, 0.01))
+        self.critic = nn.Sequential(layer(obs_dim, h), nn.Tanh(), layer(h, h), nn.Tanh(), layer(h, 1, 1.0))
+
+    def dist(self, obs: torch.Tensor) -> Distribution:
+        out = self.actor(obs)
+        if self.continuous:
+            return Independent(Normal(out, self.log_std.exp(), validate_args=False), 1)
+        return Categorical(logits=out, validate_args=False)
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The collector's policy: samples actions for obs [N, obs_dim]."""
+        dist = self.dist(obs)
+        action = dist.sample()  # [N] int64 or [N, act_dim]; the collector clips Box actions for the env
+        return {"action": action, "log_prob": dist.log_prob(action), "value": self.critic(obs).squeeze(-1)}
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """log_prob, entropy and value under the current weights, for the loss."""
+        dist = self.dist(obs)
+        return dist.log_prob(action), dist.entropy(), self.critic(obs).squeeze(-1)
+
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        dist = self.dist(obs)
+        return dist.mean if self.continuous else dist.logits.argmax(-1)
+
+
+# ---------------------------------------------------------------------------- training
+
+
+class Logger:
+    """One CSV row per iteration, mirrored to TensorBoard when it is installed."""
+
+    def __init__(self, run_dir: Path, fields: list[str]) -> None:
+        self.file = open(run_dir / "progress.csv", "w", newline="")
+        self.csv = csv.DictWriter(self.file, fieldnames=fields)
+        self.csv.writeheader()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            self.tb = None
+        else:
+            self.tb = SummaryWriter(str(run_dir))
+
+    def log(self, row: dict[str, float]) -> None:
+        self.csv.writerow(row)
+        self.file.flush()
+        if self.tb is not None:
+            for key, value in row.items():
+                if key != "step" and not math.isnan(value):
+                    self.tb.add_scalar(key, value, int(row["step"]))
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+LOG_FIELDS = [
+    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/sps", "charts/learning_rate",
+    "charts/policy_lag", "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl",
+    "losses/clip_frac", "losses/explained_variance",
+]  # fmt: skip
+
+
+def train(cfg: Config) -> float:
+    """Trains PPO as configured; writes CSV, plot and checkpoint; returns the final mean return."""
+    start = time.perf_counter()
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+    envs = make_envs(cfg, cfg.num_envs)
+    raw_returns = find_wrapper(envs, gym.wrappers.vector.RecordEpisodeStatistics)
+    agent = Agent(envs.single_observation_space, envs.single_action_space, cfg).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    # the collector thread samples actions from torch's global generator; shuffling
+    # minibatches from a generator of our own keeps that stream in a fixed order
+    shuffle_gen = torch.Generator(device).manual_seed(cfg.seed)
+
+    batch_steps = cfg.num_envs * cfg.num_steps
+    num_iterations = math.ceil(cfg.total_timesteps / batch_steps)
+    recent = deque(maxlen=cfg.return_window)
+    mean_return, episodes = math.nan, 0
+    logger = Logger(run_dir, LOG_FIELDS)
+    progress = tqdm(total=num_iterations * batch_steps, unit="step", mininterval=1 if sys.stderr.isatty() else 30)
+    collector = Collector(
+        envs, agent, num_steps=cfg.num_steps, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, device=device,
+        total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
+    )  # fmt: skip
+    with collector:
+        for iteration, batch in enumerate(collector, start=1):  # batch: TensorDict [T, N]
+            global_step = iteration * batch_steps
+            if raw_returns is None:
+                finished = batch["done"] & batch["mask"]
+                recent.extend(batch["episode_return"][finished].tolist())
+                episodes += int(finished.sum())
+            else:
+                # the collector thread appends to these; tuple() copies without yielding the GIL
+                recent = tuple(raw_returns.return_queue)
+                episodes = raw_returns.episode_count
+            if recent:
+                mean_return = float(np.mean(recent))
+
+            lr = cfg.learning_rate * (1 - (iteration - 1) / num_iterations) if cfg.anneal_lr else cfg.learning_rate
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            # mask is False on NEXT_STEP reset rows: they are not transitions, keep them out
+            data = batch.select("obs", "action", "log_prob", "value", "advantage", "return")[batch["mask"]]  # [B]
+            stats = update(agent, optimizer, data, cfg, shuffle_gen)
+
+            ret, val = data["return"], data["value"]
+            explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
+            sps = global_step / (time.perf_counter() - start)
+            logger.log({
+                "step": global_step, "wall_time": time.perf_counter() - start, "charts/mean_return": mean_return,
+                "charts/episodes": episodes, "charts/sps": sps, "charts/learning_rate": lr,
+                # rows collected by weights older than the ones just trained (1 with prefetch=1)
+                "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
+                "losses/explained_variance": explained_var, **stats,
+            })  # fmt: skip
+            progress.update(batch_steps)
+            progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
+    progress.close()
+    logger.close()
+    envs.close()
+
+    obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
+    torch.save(
+        {
+            "config": dataclasses.asdict(cfg),
+            "model": agent.state_dict(),
+            # --eval must normalise observations exactly as the agent saw them in training
+            "obs_rms": None if obs_norm is None else {
+                "mean": torch.as_tensor(obs_norm.obs_rms.mean),
+                "var": torch.as_tensor(obs_norm.obs_rms.var),
+                "count": float(obs_norm.obs_rms.count),
+            },
+        },
+        run_dir / "checkpoint.pt",
+    )  # fmt: skip
+    plot_learning_curve(
+        run_dir / "progress.csv", run_dir / "learning_curve.png",
+        title=f"PPO on {cfg.env_id}, seed {cfg.seed}", window=cfg.return_window,
+    )  # fmt: skip
+    print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
+    print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
+    return mean_return
+
+
+def update(
+    agent: Agent, optimizer: torch.optim.Optimizer, data: TensorDict, cfg: Config, shuffle_gen: torch.Generator
+) -> dict[str, float]:
+    """PPO's clipped-objective epochs over one batch of real transitions `data` [B]."""
+    size = data.shape[0]
+    minibatch_size = math.ceil(size / cfg.num_minibatches)
+    clip_frac, updates = torch.zeros((), device=data.device), 0
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(size, device=data.device, generator=shuffle_gen)
+        for begin in range(0, size, minibatch_size):
+            mb = data[order[begin : begin + minibatch_size]]
+            log_prob, entropy, value = agent.evaluate(mb["obs"], mb["action"])
+            # the stored log_prob is from the weights that acted, which lag the current
+            # ones by a batch with prefetch=1: the ratio corrects for exactly that
+            log_ratio = log_prob - mb["log_prob"]
+            ratio = log_ratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator: unbiased, >= 0
+                clip_frac += ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+                updates += 1
+
+            adv = mb["advantage"]
+            if cfg.norm_adv and adv.numel() > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+
+            if cfg.clip_vloss:
+                clipped = mb["value"] + (value - mb["value"]).clamp(-cfg.clip_coef, cfg.clip_coef)
+                value_loss = 0.5 * torch.max((value - mb["return"]) ** 2, (clipped - mb["return"]) ** 2).mean()
+            else:
+                value_loss = 0.5 * ((value - mb["return"]) ** 2).mean()
+            entropy_loss = entropy.mean()
+            loss = policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+        if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+            break
+    return {
+        "losses/policy": policy_loss.item(), "losses/value": value_loss.item(),
+        "losses/entropy": entropy_loss.item(), "losses/approx_kl": approx_kl.item(),
+        "losses/clip_frac": clip_frac.item() / updates,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- plot and eval
+
+
+def plot_learning_curve(csv_path: Path, png_path: Path, *, title: str, window: int) -> None:
+    """Mean return of the last `window` episodes against env steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(float(r["step"])) for r in rows]
+    returns = [float(r["charts/mean_return"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, returns)
+    ax.set(xlabel="env steps", ylabel=f"mean return of the last {window} episodes", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[float, float]:
+    """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    cfg = load_config(None, overrides, base=state["config"])
+    torch.set_num_threads(cfg.torch_threads)
+    envs = make_envs(cfg, cfg.eval_episodes, training=False)
+    if state["obs_rms"] is not None:
+        obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
+        obs_norm.obs_rms.mean = state["obs_rms"]["mean"].numpy()
+        obs_norm.obs_rms.var = state["obs_rms"]["var"].numpy()
+        obs_norm.obs_rms.count = state["obs_rms"]["count"]
+        obs_norm.update_running_mean = False
+    agent = Agent(envs.single_observation_space, envs.single_action_space, cfg)
+    agent.load_state_dict(state["model"])
+
+    # one episode per sub-env; later (autoreset) episodes are ignored
+    returns = np.zeros(cfg.eval_episodes)
+    finished = np.zeros(cfg.eval_episodes, dtype=bool)
+    obs, _ = envs.reset(seed=cfg.seed + 10_000)  # episodes unseen in training
+    while not finished.all():
+        with torch.no_grad():
+            action = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        if agent.continuous:
+            action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        returns += np.where(finished, 0.0, reward)
+        finished |= terminated | truncated
+    envs.close()
+    mean, std = float(returns.mean()), float(returns.std())
+    print(f"eval over {cfg.eval_episodes} episodes: mean return {mean:.1f} +- {std:.1f}")
+    return mean, std
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    parser.add_argument("--eval", metavar="CHECKPOINT", default=None, help="evaluate a checkpoint instead")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. seed=2")
+    args = parser.parse_args(argv)
+    try:
+        if args.eval is not None:
+            evaluate(args.eval, args.overrides)
+        else:
+            train(load_config(args.config or DEFAULT_CONFIG, args.overrides))
+    except ConfigError as error:
+        parser.error(str(error))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Tests of examples/ppo.py: config loading, and short training runs with --eval."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "ppo.py"
+CONFIGS = ROOT / "configs"
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    """examples/ppo.py imported as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("ppo_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolves annotations through sys.modules
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("name", ["ppo_cartpole.yaml", "ppo_halfcheetah.yaml"])
+def test_shipped_configs_load(ppo, name):
+    cfg = ppo.load_config(CONFIGS / name)
+    assert isinstance(cfg.learning_rate, float)
+    assert cfg.total_timesteps >= cfg.num_envs * cfg.num_steps
+
+
+def test_default_config_is_cartpole(ppo):
+    cfg = ppo.load_config(ppo.DEFAULT_CONFIG)
+    assert (cfg.env_id, cfg.total_timesteps) == ("CartPole-v1", 200_000)
+
+
+def test_overrides_apply_after_the_file(ppo):
+    cfg = ppo.load_config(
+        CONFIGS / "ppo_cartpole.yaml",
+        ["seed=3", "learning_rate=3e-4", "anneal_lr=false", "target_kl=0.02", "exp_name=123", "clip_obs=5"],
+    )
+    assert cfg.seed == 3
+    assert cfg.learning_rate == 3e-4 and isinstance(cfg.learning_rate, float)
+    assert cfg.anneal_lr is False
+    assert cfg.target_kl == 0.02
+    assert cfg.exp_name == "123"  # string fields keep the text
+    assert cfg.clip_obs == 5.0 and isinstance(cfg.clip_obs, float)  # ints widen to float
+    assert ppo.load_config(None, ["target_kl=0.1", "target_kl=null"]).target_kl is None  # the last one wins
+
+
+def test_yaml_float_without_dot_is_accepted(ppo, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: 3e-4\n")  # YAML 1.1 reads this as the string "3e-4"
+    assert ppo.load_config(path).learning_rate == 3e-4
+
+
+def test_unknown_key_in_override(ppo):
+    with pytest.raises(ppo.ConfigError, match=re.escape("override 'bogus=1': unknown config key 'bogus'")):
+        ppo.load_config(None, ["bogus=1"])
+
+
+def test_unknown_key_in_file(ppo, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("num_envs: 2\nlearning_rat: 0.1\n")
+    with pytest.raises(ppo.ConfigError, match=re.escape(f"{path}: unknown config key 'learning_rat'")):
+        ppo.load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("num_envs=eight", "config key 'num_envs': expected int, got 'eight' (str)"),
+        ("num_envs=2.5", "config key 'num_envs': expected int, got 2.5 (float)"),
+        ("num_envs=true", "config key 'num_envs': expected int, got True (bool)"),
+        ("anneal_lr=1", "config key 'anneal_lr': expected bool, got 1 (int)"),
+        ("learning_rate=fast", "config key 'learning_rate': expected float, got 'fast' (str)"),
+        ("target_kl=high", "config key 'target_kl': expected float or None, got 'high' (str)"),
+        ("seed=null", "config key 'seed': expected int, got None (NoneType)"),
+    ],
+    ids=["str-for-int", "float-for-int", "bool-for-int", "int-for-bool", "str-for-float", "str-for-optional", "none"],
+)
+def test_wrong_type_names_key_value_and_type(ppo, override, message):
+    with pytest.raises(ppo.ConfigError, match=re.escape(f"override {override!r}: {message}")):
+        ppo.load_config(None, [override])
+
+
+def test_wrong_type_in_file(ppo, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("update_epochs: many\n")
+    with pytest.raises(ppo.ConfigError, match=re.escape(f"{path}: config key 'update_epochs': expected int")):
+        ppo.load_config(path)
+
+
+def test_malformed_override(ppo):
+    with pytest.raises(ppo.ConfigError, match=re.escape("override 'seed': expected KEY=VALUE")):
+        ppo.load_config(None, ["seed"])
+
+
+def test_command_line_reports_config_errors(ppo, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(["--config", str(CONFIGS / "ppo_cartpole.yaml"), "bogus=1"])
+    assert exit_info.value.code == 2
+    assert "unknown config key 'bogus'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def run_script(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+EVAL_LINE = re.compile(r"eval over 2 episodes: mean return (-?\d+\.\d) \+- (\d+\.\d)")
+
+
+def test_smoke_cartpole_train_then_eval(tmp_path):
+    run_dir = tmp_path / "run"
+    # 3 iterations of 4 envs x 32 steps
+    out = run_script("total_timesteps=384", "num_envs=4", "num_steps=32", f"run_dir={run_dir}")
+    assert re.search(r"final mean return \(last \d+ episodes\): ", out)
+
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [128, 256, 384]
+    for key in ("charts/mean_return", "charts/policy_lag", "losses/approx_kl", "losses/explained_variance"):
+        assert key in rows[0]
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["config"]["env_id"] == "CartPole-v1" and checkpoint["obs_rms"] is None
+
+    assert EVAL_LINE.search(run_script("--eval", str(run_dir / "checkpoint.pt"), "eval_episodes=2"))
+
+
+def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
+    """Pendulum (Box actions, no MuJoCo needed) with the HalfCheetah config's wrappers."""
+    threads = torch.get_num_threads()
+    try:
+        cfg = ppo.load_config(
+            CONFIGS / "ppo_halfcheetah.yaml",
+            ["env_id=Pendulum-v1", "num_envs=2", "num_steps=64", "total_timesteps=256", f"run_dir={tmp_path}"],
+        )
+        ppo.train(cfg)
+        checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+        assert checkpoint["obs_rms"]["mean"].shape == (3,)
+        assert checkpoint["obs_rms"]["count"] > 256  # updated on every step
+        mean, std = ppo.evaluate(tmp_path / "checkpoint.pt", ["eval_episodes=2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert -2000 < mean < 0 and std >= 0  # Pendulum's returns are negative
+    assert EVAL_LINE.search(capsys.readouterr().out)
