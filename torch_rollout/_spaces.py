@@ -19,6 +19,7 @@ __all__ = [
     "select_obs",
     "stack_final_obs",
     "ActionConverter",
+    "ObsChecker",
 ]
 
 # A batch of observations: a tensor, or a TensorDict for Dict spaces.
@@ -111,7 +112,8 @@ def obs_to_tensor(space: spaces.Space, obs: Any, device: torch.device) -> Obs:
             items[key] = obs_to_tensor(sub, obs[key], device)
             batch = items[key].shape[:1]
         return TensorDict(items, batch_size=batch, device=device)
-    array = np.asarray(obs, dtype=_storage_dtype(space))
+    # ascontiguousarray: torch cannot wrap negative strides (a reversed view); a no-op otherwise.
+    array = np.ascontiguousarray(obs, dtype=_storage_dtype(space))
     return torch.as_tensor(array, device=device)
 
 
@@ -130,11 +132,114 @@ def stack_final_obs(space: spaces.Space, final_obs: np.ndarray, index: np.ndarra
     return np.stack(items)
 
 
+class ObsChecker:
+    """Checks that a vector env's observations have the shape and dtype its space promises.
+
+    One cached comparison per leaf and call, so it runs on every step. A dtype
+    other than the space's is accepted when NumPy casts it to the stored dtype
+    within its kind (float64 for float32); anything else, such as floats for a
+    uint8 space, would be truncated silently and is an error.
+
+    Args:
+        space: the single-env observation space.
+        num_envs: the vector env's number of envs.
+    """
+
+    def __init__(self, space: spaces.Space, num_envs: int) -> None:
+        self.space = space
+        # (keys into the obs dict, name for errors, [N, *shape], space dtype, storage dtype)
+        self.leaves: list[tuple[tuple[str, ...], str, tuple[int, ...], np.dtype, np.dtype]] = []
+        self._add_leaves(space, (), "obs", num_envs)
+
+    def _add_leaves(self, space: spaces.Space, keys: tuple[str, ...], name: str, n: int) -> None:
+        if isinstance(space, spaces.Dict):
+            for key, sub in space.spaces.items():
+                self._add_leaves(sub, keys + (key,), f"{name}[{key!r}]", n)
+        else:
+            shape = (n,) + _space_shape(space)
+            self.leaves.append((keys, name, shape, np.dtype(space.dtype), _storage_dtype(space)))
+
+    def __call__(self, obs: Any, call: str) -> None:
+        """Raises ValueError naming the key, what ``call`` returned and what was expected."""
+        for keys, name, shape, dtype, storage in self.leaves:
+            array = obs
+            for key in keys:
+                try:
+                    array = array[key]
+                except (KeyError, IndexError, TypeError):
+                    raise ValueError(
+                        f"Collector: {call} returned observations without the key {key!r} of {self.space!r} "
+                        f"(expected {name})"
+                    ) from None
+            if type(array) is not np.ndarray:
+                try:
+                    array = np.asarray(array)
+                except Exception as exc:
+                    raise ValueError(
+                        f"Collector: {call} returned {name} of type {type(array).__name__}, expected a numpy "
+                        f"array of shape {shape} and dtype {dtype}"
+                    ) from exc
+            if array.shape != shape or not (array.dtype == dtype or np.can_cast(array.dtype, storage, "same_kind")):
+                raise ValueError(
+                    f"Collector: {call} returned {name} of shape {array.shape} and dtype {array.dtype}, "
+                    f"expected shape {shape} (num_envs, *observation_space.shape) and dtype {dtype} "
+                    f"for {self.space!r}"
+                )
+
+    def non_finite(self, obs: Any) -> tuple[str, int, Any] | None:
+        """Returns ``(name, env index, value)`` of the first NaN or infinite observation, or None."""
+        for keys, name, _, _, _ in self.leaves:
+            array = obs
+            for key in keys:
+                array = array[key]
+            found = first_non_finite(array)
+            if found is not None:
+                return (name, *found)
+        return None
+
+
+def first_non_finite(array: Any) -> tuple[int, Any] | None:
+    """Returns ``(env index, value)`` of the first NaN or infinite entry of a ``[N, ...]`` array, or None."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fc":
+        return None
+    finite = np.isfinite(array)
+    if finite.all():
+        return None
+    index = int(np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))[0])
+    return index, array[index][~finite[index]].flat[0]
+
+
+def describe_bad_single_obs(space: spaces.Space, observations: list[Any]) -> str | None:
+    """Names the first of the sub-envs' ``observations`` whose shape does not match ``space``, or None."""
+    for index, obs in enumerate(observations):
+        leaves = [((), "observation", space)]
+        if isinstance(space, spaces.Dict):
+            leaves = [((key,), f"observation[{key!r}]", sub) for key, sub in space.spaces.items()]
+        for keys, name, sub in leaves:
+            try:
+                value = obs[keys[0]] if keys else obs
+            except (KeyError, IndexError, TypeError):
+                return f"env {index} returned an {name.partition('[')[0]} without the key {keys[0]!r} of {space!r}"
+            shape, expected = np.shape(value), _space_shape(sub)
+            if shape != expected:
+                return (
+                    f"env {index} returned an {name} of shape {shape} and dtype {np.asarray(value).dtype}, "
+                    f"expected shape {expected} and dtype {sub.dtype} of its observation space {sub!r}"
+                )
+    return None
+
+
+_UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
 class ActionConverter:
     """Validates the policy's actions and converts them to what the vector env expects.
 
     Box actions are clipped to the bounds (the stored action is not). Discrete,
-    MultiDiscrete and MultiBinary actions are passed as integer arrays.
+    MultiDiscrete and MultiBinary actions are passed as integer arrays after a
+    range check: an action outside the space is an error, not something each
+    env may or may not notice.
     """
 
     def __init__(self, space: spaces.Space, num_envs: int) -> None:
@@ -145,6 +250,16 @@ class ActionConverter:
         self.discrete = not isinstance(space, spaces.Box)
         if isinstance(space, spaces.Box):
             self.low, self.high = space.low, space.high
+        elif isinstance(space, spaces.Discrete):
+            self.start, self.count = int(space.start), int(space.n)
+        elif isinstance(space, spaces.MultiDiscrete):
+            self.start, self.count = space.start, space.nvec
+        else:  # MultiBinary
+            self.start, self.count = 0, 2
+        # Decided once, as the range check runs every step: a start of 0 (the usual case) saves a
+        # subtraction, a scalar count an elementwise comparison.
+        self.has_start = self.discrete and bool(np.any(np.asarray(self.start) != 0))
+        self.scalar_count = self.discrete and np.ndim(self.count) == 0
 
     def __call__(self, action: Tensor) -> np.ndarray:
         if tuple(action.shape) != self.shape:
@@ -159,5 +274,24 @@ class ActionConverter:
             )
         array = action.detach().cpu().numpy()
         if self.discrete:
+            self._check_range(array)
             return array.astype(self.dtype, copy=False)
         return np.clip(array, self.low, self.high).astype(self.dtype, copy=False)
+
+    def _check_range(self, array: np.ndarray) -> None:
+        offset = array - self.start if self.has_start else array
+        # Seen as unsigned, a negative offset is huge: one reduction checks both ends.
+        unsigned = offset.view(_UNSIGNED[offset.itemsize]) if offset.dtype.kind == "i" else offset
+        if self.scalar_count:
+            if unsigned.max() < self.count:
+                return
+        elif (unsigned < self.count).all():
+            return
+        bad = ((offset < 0) | (offset >= self.count)).reshape(len(array), -1).any(axis=1)
+        index = int(np.flatnonzero(bad)[0])
+        high = self.start + self.count - 1
+        raise ValueError(
+            f"Collector: policy output 'action' for env {index} is {array[index].tolist()}, outside "
+            f"{self.space!r}; expected integers from {np.asarray(self.start).tolist()} to "
+            f"{np.asarray(high).tolist()}"
+        )

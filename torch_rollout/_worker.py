@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import queue
+import signal
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
-from torch_rollout._spaces import ActionConverter, Obs, ObsBuffer, obs_to_tensor, select_obs, stack_final_obs
+from torch_rollout._spaces import (
+    ActionConverter,
+    Obs,
+    ObsBuffer,
+    ObsChecker,
+    describe_bad_single_obs,
+    first_non_finite,
+    obs_to_tensor,
+    select_obs,
+    stack_final_obs,
+)
 from torch_rollout.gae import compute_gae
 
 __all__ = ["Worker"]
@@ -29,18 +41,22 @@ class Worker:
 
     The worker holds no reference to the ``Collector`` so that dropping the
     collector lets it be garbage collected (and closed). The consumer talks to
-    it through three things: ``credits`` (one release per requested batch, on
+    it through three things: ``credits`` (one token per requested batch, on
     top of ``prefetch`` initial ones), ``results`` (``(batch, None)`` or
-    ``(None, exception)`` items) and ``stop``. ``lock`` guards the policy's
+    ``(None, exception)`` items) and ``stop``. Both queues are C-level
+    ``SimpleQueue``: a KeyboardInterrupt landing in the consumer's ``put``
+    cannot leave a lock held, as it can inside ``threading.Semaphore.release``
+    (and then ``close()`` would deadlock). ``lock`` guards the policy's
     weights: every forward pass and every weight refresh holds it, so no
-    forward sees two weight versions.
+    forward sees two weight versions. ``abandon()`` hands the closing of owned
+    envs to the thread when the consumer cannot wait for it to stop.
     """
 
     envs: VectorEnv
     policy: nn.Module
     lock: threading.Lock
     version: int
-    credits: threading.Semaphore
+    credits: queue.SimpleQueue
     results: queue.SimpleQueue
     stop: threading.Event
     thread: threading.Thread
@@ -58,6 +74,8 @@ class Worker:
         prefetch: int,
         seed: int | None,
         autoreset_mode: AutoresetMode,
+        check_finite: bool = False,
+        owns_envs: bool = False,
     ) -> None:
         self.envs = envs
         self.policy = policy
@@ -71,15 +89,25 @@ class Worker:
         self.autoreset_mode = autoreset_mode
         self.obs_space = envs.single_observation_space
         self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs)
+        self.check_obs = ObsChecker(self.obs_space, envs.num_envs)
+        self.check_finite = check_finite
+        self.owns_envs = owns_envs
+        self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.is_td_module = isinstance(policy, TensorDictModuleBase)
         self.on_cuda = device.type == "cuda"
 
         self.lock = threading.Lock()
         self.version = 0
-        self.credits = threading.Semaphore(prefetch)
+        self.credits = queue.SimpleQueue()
+        for _ in range(prefetch):
+            self.credits.put(None)
         self.results = queue.SimpleQueue()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, name="torch_rollout-collector", daemon=True)
+        # Whoever of the thread (on exit) and the consumer (in abandon) comes last closes owned envs.
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._abandoned = False
 
     # -- thread body -------------------------------------------------------------------------
 
@@ -89,7 +117,7 @@ class Worker:
                 self._reset()
                 produced = 0
                 while self.num_batches is None or produced < self.num_batches:
-                    self.credits.acquire()
+                    self.credits.get()
                     if self.stop.is_set():
                         return
                     self.results.put((self._collect(), None))
@@ -97,11 +125,31 @@ class Worker:
         except _Stopped:
             pass
         except BaseException as exc:  # every failure reaches the consumer, KeyboardInterrupt included
+            if not self.stop.is_set():  # else nobody reads it, and the envs are their owner's again
+                exc = _explain_env_error(self.envs, exc)
             self.results.put((None, exc))
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                close_envs = self._abandoned and self.owns_envs
+            if close_envs:
+                self.envs.close()
+
+    def abandon(self) -> bool:
+        """Called by a consumer that stopped waiting for the thread; True if it has exited already.
+
+        If not, the thread closes the envs it owns itself once the call it is stuck in returns.
+        """
+        with self._exit_lock:
+            self._abandoned = not self._exited
+            return self._exited
 
     def _reset(self) -> None:
         N = self.num_envs
         obs, _ = self.envs.reset(seed=self.seed)
+        self.check_obs(obs, "envs.reset()")
+        if self.check_finite:
+            self._check_finite(obs, None, "envs.reset()")
         self.obs = obs
         self.prev_done = np.zeros(N, dtype=bool)  # NEXT_STEP: the next step of these envs is a reset
         self.ep_return = np.zeros(N, dtype=np.float32)
@@ -125,6 +173,7 @@ class Worker:
         versions = np.empty(T, dtype=np.int64)
         outputs: dict[str, list[Tensor]] = {}
         final_values: list[tuple[int, np.ndarray, Tensor]] = []  # (t, envs, V(final obs))
+        self.batches += 1
 
         for t in range(T):
             if self.stop.is_set():
@@ -148,6 +197,9 @@ class Worker:
                 outputs[key].append(value)
 
             next_obs, r, term, trunc, info = envs.step(self.to_env_action(out["action"]))
+            self.check_obs(next_obs, "envs.step()")
+            if self.check_finite:
+                self._check_finite(next_obs, r, "envs.step()", t)
             done = term | trunc
             reward[t], terminated[t], truncated[t] = r, term, trunc
 
@@ -202,22 +254,50 @@ class Worker:
         if mode == AutoresetMode.NEXT_STEP:
             return next_obs
         index = np.flatnonzero(done)
+        final = None
+        if mode == AutoresetMode.SAME_STEP and (self.has_value or self.check_finite):
+            if "final_obs" not in info:
+                raise KeyError(
+                    "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
+                    "'final_obs' at an episode end; a wrapper must keep infos['final_obs']"
+                )
+            final = stack_final_obs(self.obs_space, info["final_obs"], index)
+            if self.check_finite:
+                self._check_finite(final, None, "envs.step() in infos['final_obs']", t, index)
         if self.has_value:
-            if mode == AutoresetMode.SAME_STEP:
-                if "final_obs" not in info:
-                    raise KeyError(
-                        "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
-                        "'final_obs' at an episode end; a wrapper must keep infos['final_obs']"
-                    )
-                final = stack_final_obs(self.obs_space, info["final_obs"], index)
-            else:
+            if final is None:
                 final = select_obs(self.obs_space, next_obs, index)
             # One batched forward for every env that ended this step.
             out, _ = self.forward(obs_to_tensor(self.obs_space, final, self.device))
             final_values.append((t, index, out["value"]))
         if mode == AutoresetMode.DISABLED:
             next_obs, _ = self.envs.reset(options={"reset_mask": done})
+            self.check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
+            if self.check_finite:
+                self._check_finite(next_obs, None, "envs.reset(options={'reset_mask': ...})", t)
         return next_obs
+
+    def _check_finite(
+        self, obs: Any, reward: np.ndarray | None, call: str, t: int | None = None, index: np.ndarray | None = None
+    ) -> None:
+        """Raises ValueError naming the key, env and step of the first NaN or inf (``check_finite=True``).
+
+        ``index`` maps the rows of ``obs`` to envs when it holds only some of them (final observations).
+        """
+        found = self.check_obs.non_finite(obs)
+        if found is None and reward is not None:
+            found = first_non_finite(reward)
+            found = None if found is None else ("reward", *found)
+        if found is None:
+            return
+        name, env, value = found
+        env = env if index is None else int(index[env])
+        batch = self.batches - 1
+        step = "" if t is None else f" at step {batch * self.num_steps + t} (row {t} of batch {batch})"
+        raise ValueError(
+            f"Collector(check_finite=True): {name} of env {env} is {value}{step}, returned by {call}; "
+            "pass check_finite=False to let NaN and inf through"
+        )
 
     def _add_advantages(self, batch: dict[str, Tensor], final_values: list[tuple[int, np.ndarray, Tensor]]) -> None:
         # Bootstrap the last row from the observation the next batch starts with.
@@ -302,3 +382,61 @@ class Worker:
         if self.has_value is None:
             self.has_value = value is not None
         return items
+
+
+def _explain_env_error(envs: VectorEnv, exc: BaseException) -> BaseException:
+    """Returns an error naming the cause where gymnasium's own error does not, else ``exc``.
+
+    A killed AsyncVectorEnv worker reaches the parent as a bare ``EOFError`` or
+    ``ConnectionResetError`` and leaves the vector env unable to close; a sub-env
+    of a SyncVectorEnv that returns an observation of the wrong shape raises
+    "Output array is the wrong shape". Runs only on the error path.
+    """
+    base = envs.unwrapped
+    processes = getattr(base, "processes", None)
+    if isinstance(exc, (EOFError, OSError)) and isinstance(processes, list) and not base.closed:
+        # The pipe reports EOF a moment before the dead process can be reaped.
+        deadline = time.monotonic() + 2.0
+        while not (dead := [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]):
+            if time.monotonic() > deadline:
+                return exc
+            time.sleep(0.01)
+        _shut_down(base)
+        index, process = dead[0]
+        code = process.exitcode
+        cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        error: BaseException = RuntimeError(
+            f"Collector: worker process {index} of the {type(base).__name__} (pid {process.pid}) {cause} "
+            f"while the collector was stepping the envs; the vector env cannot be used any more and was shut "
+            f"down (its other {len(processes) - 1} worker processes terminated)"
+        )
+        error.__cause__ = exc
+        return error
+    if isinstance(exc, ValueError) and isinstance(base, SyncVectorEnv):
+        # SyncVectorEnv keeps the sub-envs' last observations; if absent, gymnasium's error stands.
+        problem = describe_bad_single_obs(base.single_observation_space, list(getattr(base, "_env_obs", ())))
+        if problem is not None:
+            error = ValueError(f"Collector: {problem} (SyncVectorEnv could not stack the observations: {exc})")
+            error.__cause__ = exc
+            return error
+    return exc
+
+
+def _shut_down(base: VectorEnv) -> None:
+    """Terminates and reaps the worker processes of a broken AsyncVectorEnv and marks it closed.
+
+    gymnasium's own close() raises on a vector env with a dead worker, and its
+    ``__del__`` then fails again at garbage collection.
+    """
+    for process in base.processes:
+        if process.is_alive():
+            process.terminate()
+    for process in base.processes:
+        process.join(5.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for pipe in base.parent_pipes:
+        if pipe is not None:
+            pipe.close()
+    base.closed = True

@@ -6,6 +6,7 @@ import atexit
 import copy
 import math
 import queue
+import threading
 import time
 import warnings
 import weakref
@@ -76,15 +77,28 @@ class Collector:
     trainer has finished its update then) and on :meth:`update_policy`; each
     refresh increments :attr:`policy_version`. The thread may collect up to
     ``prefetch`` batches ahead, so a batch's rows may come from weights up to
-    ``prefetch`` versions old: use the stored ``log_prob`` in importance
-    ratios. With ``prefetch=0`` collection runs in lockstep with the
-    consumer, on ``policy`` itself, and with a seed (and ``torch.manual_seed``
-    for the policy's sampling) two runs give identical batches.
+    ``prefetch`` versions old (plus one per :meth:`update_policy` called by
+    hand meanwhile): use the stored ``log_prob`` in importance ratios. With
+    ``prefetch=0`` collection runs in lockstep with the consumer, on
+    ``policy`` itself, and with a seed (and ``torch.manual_seed`` for the
+    policy's sampling) two runs give identical batches.
 
     Errors: an exception raised by the env or the policy in the background is
     re-raised by ``next()`` with its original traceback, and the collector
-    closes. Envs the collector created are closed by :meth:`close`, which is
-    idempotent and also runs on garbage collection and at interpreter exit.
+    closes; iterating it again raises ``RuntimeError``. Envs the collector
+    created are closed by :meth:`close`, which is idempotent and also runs on
+    garbage collection and at interpreter exit. Where gymnasium's own error
+    hides the cause, the collector names it: a killed AsyncVectorEnv worker
+    process becomes a ``RuntimeError`` with its index, pid and signal (the
+    broken vector env is shut down, since it can no longer close itself), and
+    a sub-env observation of the wrong shape a ``ValueError`` naming the env.
+
+    Hostile input: observations of the wrong shape or of a dtype that would not
+    cast safely, actions outside a Discrete, MultiDiscrete or MultiBinary
+    space and policy outputs on another device raise ``ValueError`` naming the
+    key, what was received and what was expected. NaN and inf in observations
+    and rewards pass through unchanged (they are valid floats, and some envs
+    use inf on purpose) unless ``check_finite=True``.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode, or an
@@ -105,7 +119,13 @@ class Collector:
         prefetch: batches the thread may collect ahead of the consumer; 0: lockstep.
         seed: seed of the envs' first reset.
         timeout: seconds ``next()`` waits for a batch before raising
-            ``TimeoutError`` (an env that hangs); ``None``: wait forever.
+            ``TimeoutError`` (an env that hangs); ``None``: wait forever. The
+            stuck thread cannot be interrupted: it is left behind as a daemon,
+            stops when the stuck call returns, and then closes the envs the
+            collector created.
+        check_finite: raise ``ValueError`` naming the key, env and step when an
+            observation or reward is NaN or infinite (costs one
+            ``np.isfinite`` per step).
 
     Raises:
         TypeError: for an unsupported space or argument type.
@@ -153,6 +173,7 @@ class Collector:
         prefetch: int = 1,
         seed: int | None = None,
         timeout: float | None = None,
+        check_finite: bool = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -214,6 +235,8 @@ class Collector:
             prefetch=prefetch,
             seed=seed,
             autoreset_mode=mode,
+            check_finite=bool(check_finite),
+            owns_envs=self._owns_envs,
         )
         self.closed = False
         _live.add(self)
@@ -238,11 +261,12 @@ class Collector:
             self.close()
             raise StopIteration
         self.update_policy()
-        self._worker.credits.release()
+        self._worker.credits.put(None)
         batch, error = self._wait_for_result()
         if error is not None:
             self._error = error
-            self.close()
+            # After a timeout the thread is stuck: waiting for it in close() would hang as well.
+            self._shut_down(join_timeout=0.0 if isinstance(error, TimeoutError) else _JOIN_TIMEOUT)
             raise error
         self._delivered += 1
         return batch
@@ -261,7 +285,8 @@ class Collector:
             if deadline is not None and time.monotonic() > deadline:
                 return None, TimeoutError(
                     f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
-                    f"(autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs})"
+                    f"(autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs}); the collector "
+                    "is closed and its thread is left to stop when the stuck call returns"
                 )
 
     def __len__(self) -> int:
@@ -294,20 +319,27 @@ class Collector:
 
     def close(self) -> None:
         """Stops the background thread and closes the envs the collector created. Idempotent."""
+        self._shut_down(join_timeout=_JOIN_TIMEOUT)
+
+    def _shut_down(self, *, join_timeout: float) -> None:
         if self.closed:
             return
         self.closed = True
         worker = self._worker
         worker.stop.set()
-        worker.credits.release()  # wakes a thread waiting for the next request
-        worker.thread.join(_JOIN_TIMEOUT)
-        if worker.thread.is_alive():
-            warnings.warn(
-                f"Collector.close: the background thread did not stop within {_JOIN_TIMEOUT} s "
-                "(an env step or policy call is stuck); it is left running as a daemon",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        worker.credits.put(None)  # wakes a thread waiting for the next request
+        # Garbage collection can run __del__ on the collector's own thread, which cannot join itself.
+        on_worker = threading.current_thread() is worker.thread
+        if not on_worker:
+            worker.thread.join(join_timeout)
+        if not worker.abandon():  # still running: it closes the envs it owns when it stops
+            if join_timeout > 0 and not on_worker:
+                warnings.warn(
+                    f"Collector.close: the background thread did not stop within {join_timeout} s "
+                    "(an env step or policy call is stuck); it is left running as a daemon",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return
         if self._owns_envs:
             self.envs.close()

@@ -1,0 +1,141 @@
+"""Exactly-once delivery across batches and weight refreshes, and torn-weight freedom under concurrency."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import pytest
+import torch
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+from reliability_envs import (
+    AUTORESET_MODES,
+    CountingEnv,
+    CountingPolicy,
+    SlowReadPolicy,
+    faulty_fns,
+    make_vec,
+)
+from torch_rollout import Collector
+
+TIMEOUT = 60.0
+N, T, BATCHES = 3, 7, 8  # T is prime to every episode length: episode ends fall on batch boundaries too
+
+
+def expected_transitions(index: int, count: int) -> list[dict]:
+    """The first ``count`` real transitions of CountingEnv ``index``, worked out by hand."""
+    rows, episode, t, ret = [], 0, 0, 0.0
+    for k in range(count):
+        length = CountingEnv.episode_length(index, episode)
+        end = t + 1 == length
+        ret += k
+        rows.append(
+            {
+                "obs": [index, episode, t, k],
+                "reward": float(k),
+                "terminated": end and episode % 2 == 0,
+                "truncated": end and episode % 2 == 1,
+                # V of the true next state [.., t + 1, k + 1]: at an episode end the final observation.
+                "next_value": (k + 1) + (t + 1) / 8,
+                "episode_length": t + 1,
+                "episode_return": ret,
+            }
+        )
+        t += 1
+        if end:
+            episode, t, ret = episode + 1, 0, 0.0
+    return rows
+
+
+@pytest.mark.parametrize("cls", [SyncVectorEnv, AsyncVectorEnv], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+@pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
+def test_every_transition_once_and_in_order(mode, prefetch, cls):
+    envs = make_vec(cls, [partial(CountingEnv, i) for i in range(N)], mode)
+    received: dict[str, list[torch.Tensor]] = {key: [] for key in expected_transitions(0, 1)[0]}
+    masks = []
+    with Collector(
+        envs, CountingPolicy(), num_steps=T, device="cpu", prefetch=prefetch, total_timesteps=N * T * BATCHES,
+        seed=0, timeout=TIMEOUT,
+    ) as collector:
+        for b, batch in enumerate(collector):
+            # Refreshes in the middle of iterations too, not only the one next() does.
+            if b % 3 == 1:
+                collector.update_policy()
+            for key in received:
+                received[key].append(batch[key])
+            masks.append(batch["mask"])
+            if b % 3 == 2:
+                collector.update_policy()
+    envs.close()
+    assert b == BATCHES - 1
+
+    mask = torch.cat(masks)  # [BATCHES * T, N]
+    if mode != AutoresetMode.NEXT_STEP:
+        assert mask.all()
+    for i in range(N):
+        real = mask[:, i]
+        got = {key: torch.cat(values)[:, i][real] for key, values in received.items()}
+        count = int(real.sum())
+        want = expected_transitions(i, count)
+        for key in received:
+            expected = torch.tensor([row[key] for row in want], dtype=got[key].dtype)
+            assert torch.equal(got[key], expected), f"env {i}, {key}"
+        done = got["terminated"] | got["truncated"]
+        assert got["terminated"].any() and got["truncated"].any()  # both kinds of episode end were crossed
+        if mode == AutoresetMode.NEXT_STEP:
+            # The other rows are exactly the reset steps, one after each episode end (the last
+            # one's may fall after the final batch).
+            resets = int(done.sum()) - int(bool(real[-1]) and bool(done[-1]))
+            assert BATCHES * T - count == resets
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_no_row_mixes_two_weight_versions(prefetch):
+    """The trainer updates in place, parameter by parameter, slowly; the policy reads its weights slowly.
+
+    Every row must come from one weight version, the one its ``policy_version``
+    names; versions never go back, and a batch lags at most ``prefetch``
+    refreshes behind. The second half of the run also refreshes by hand in the
+    middle of iterations, while the thread is inside a forward pass.
+    """
+    policy = SlowReadPolicy(k=4, pause=0.0005)
+    envs = SyncVectorEnv(faulty_fns(2))
+    num_batches = 30
+    value = 0.0  # every weight of the trainer's policy
+    weights_of = {0: 0.0}  # policy_version -> the weight value it copied
+    refreshes_of = {0: 0}  # policy_version -> refreshes by next() when it was made
+    seen_versions: list[int] = []
+    with Collector(
+        envs, policy, num_steps=8, device="cpu", prefetch=prefetch, total_timesteps=2 * 8 * num_batches,
+        timeout=TIMEOUT,
+    ) as collector:
+        for b, batch in enumerate(collector):
+            # next() refreshed the inference copy from the trainer's weights, which are `value` now.
+            weights_of[collector.policy_version] = value
+            refreshes_of[collector.policy_version] = b + 1
+            weights = batch["weights"]  # [T, N, 4]
+            versions = batch["policy_version"]  # [T, N]
+            assert (weights == weights[..., :1]).all(), "a forward pass read two weight versions"
+            assert (versions == versions[:, :1]).all()
+            for t in range(weights.shape[0]):
+                assert weights[t, 0, 0].item() == weights_of[versions[t, 0].item()]
+            oldest = versions.min().item()
+            assert b + 1 - refreshes_of[oldest] <= prefetch
+            if b < num_batches // 2:  # no refresh by hand yet: versions and refreshes agree
+                assert collector.policy_version - oldest <= prefetch
+            seen_versions += versions[:, 0].tolist()
+            # The trainer's update: in place, one parameter at a time, while the thread collects.
+            with torch.no_grad():
+                for w in policy.ws:
+                    w.add_(1.0)
+                    time.sleep(0.0003)
+            value += 1.0
+            if b >= num_batches // 2 and b % 2 == 0:
+                collector.update_policy()
+                weights_of[collector.policy_version] = value
+                refreshes_of[collector.policy_version] = b + 1
+    envs.close()
+    assert seen_versions == sorted(seen_versions)
+    assert len(set(seen_versions)) > 10  # the weights did change under the collector

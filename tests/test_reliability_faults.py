@@ -1,0 +1,208 @@
+"""Faults in the background: env step/reset and policy raising, a killed worker process, a hung env.
+
+Each test checks what issue 5 asks of every fault: the consumer gets an
+exception naming the real cause within a bounded time (every collector has a
+generous ``timeout`` so that a regression fails instead of hanging), no thread
+or child process is left behind, and iterating the collector again is a clear
+error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import traceback
+
+import pytest
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+from reliability_envs import (
+    BLOCK_RELEASE,
+    ConstantPolicy,
+    EnvFault,
+    PolicyFault,
+    RaisingPolicy,
+    Snapshot,
+    collector_threads,
+    faulty_fns,
+    take,
+    make_vec,
+    wait_until,
+    warm_up_multiprocessing,
+)
+from torch_rollout import Collector
+
+# A hang guard, not a measurement: far above what any of these batches takes on a loaded 2-core box.
+TIMEOUT = 60.0
+
+# AsyncVectorEnv reports a worker's exception through gymnasium.logger.error, which calls
+# warnings.warn; the suite turns warnings into errors, and that would replace the real error.
+ASYNC_ERROR_LOG = pytest.mark.filterwarnings("ignore::UserWarning:gymnasium.vector.async_vector_env")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _warm_up():
+    warm_up_multiprocessing()
+
+
+def vec_id(cls: type) -> str:
+    return cls.__name__
+
+
+def frames(exc: BaseException) -> list[str]:
+    return [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
+
+
+def assert_failed_for_good(collector: Collector, error: type[BaseException]) -> None:
+    """The collector is closed, its thread gone, and a new iteration says why it cannot run."""
+    assert collector.closed
+    assert wait_until(lambda: not collector_threads(), TIMEOUT)
+    message = f"cannot iterate after the background collection failed with {error.__name__}"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        next(collector)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        for _ in take(collector):
+            pass
+
+
+@pytest.mark.parametrize("cls", [SyncVectorEnv, AsyncVectorEnv], ids=vec_id)
+@pytest.mark.parametrize("prefetch", [0, 2])
+@ASYNC_ERROR_LOG
+def test_env_step_raising_reaches_consumer(cls, prefetch):
+    snapshot = Snapshot()
+    envs = make_vec(cls, faulty_fns(3, 1, fault="step_raises", at=7))
+    collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", prefetch=prefetch, timeout=TIMEOUT)
+    delivered = 0
+    with pytest.raises(EnvFault, match=re.escape("step 7 of env 1 failed")) as info:
+        for _ in take(collector):
+            delivered += 1
+    # Step 7 falls in the second batch: the first one is delivered, nothing after the error.
+    assert delivered == 1
+    if cls is SyncVectorEnv:  # the original traceback, down to the env's step
+        assert "step" in frames(info.value) and "_collect" in frames(info.value)
+    assert_failed_for_good(collector, EnvFault)
+    envs.close()
+    del envs, collector, info
+    snapshot.assert_no_leaks()
+
+
+@pytest.mark.parametrize(
+    "cls, mode, at",
+    [
+        (SyncVectorEnv, AutoresetMode.NEXT_STEP, 1),  # the collector's first reset
+        (SyncVectorEnv, AutoresetMode.NEXT_STEP, 2),  # an autoreset inside envs.step
+        (SyncVectorEnv, AutoresetMode.SAME_STEP, 2),
+        (SyncVectorEnv, AutoresetMode.DISABLED, 2),  # the collector's reset_mask reset
+        (AsyncVectorEnv, AutoresetMode.NEXT_STEP, 1),
+        (AsyncVectorEnv, AutoresetMode.SAME_STEP, 2),
+        (AsyncVectorEnv, AutoresetMode.DISABLED, 2),
+    ],
+    ids=lambda x: x.__name__ if isinstance(x, type) else getattr(x, "value", x),
+)
+@ASYNC_ERROR_LOG
+def test_env_reset_raising_reaches_consumer(cls, mode, at):
+    snapshot = Snapshot()
+    envs = make_vec(cls, faulty_fns(2, 1, fault="reset_raises", at=at, episode_length=3), mode)
+    collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=TIMEOUT)
+    with pytest.raises(EnvFault, match=re.escape(f"reset {at} of env 1 failed")):
+        for _ in take(collector):
+            pass
+    assert_failed_for_good(collector, EnvFault)
+    envs.close()
+    del envs, collector
+    snapshot.assert_no_leaks()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("at", [1, 9], ids=["first-call", "mid-rollout"])
+def test_policy_raising_reaches_consumer(prefetch, at):
+    snapshot = Snapshot()
+    envs = SyncVectorEnv(faulty_fns(2))
+    collector = Collector(envs, RaisingPolicy(at), num_steps=4, device="cpu", prefetch=prefetch, timeout=TIMEOUT)
+    with pytest.raises(PolicyFault, match=f"policy call {at} failed") as info:
+        for _ in take(collector):
+            pass
+    assert "forward" in frames(info.value)
+    assert_failed_for_good(collector, PolicyFault)
+    envs.close()
+    del envs, collector, info
+    snapshot.assert_no_leaks()
+
+
+@pytest.mark.parametrize("how", ["killed-by-test", "killed-in-step"])
+def test_async_worker_sigkilled_mid_rollout(how):
+    snapshot = Snapshot()
+    if how == "killed-in-step":  # deterministic: the worker kills itself inside its 6th step
+        envs = AsyncVectorEnv(faulty_fns(3, 1, fault="sigkill", at=6))
+    else:
+        envs = AsyncVectorEnv(faulty_fns(3))
+    collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", prefetch=2, timeout=TIMEOUT)
+    next(collector)
+    victim = envs.processes[1].pid
+    if how == "killed-by-test":
+        os.kill(victim, signal.SIGKILL)
+    expected = f"worker process 1 of the AsyncVectorEnv (pid {victim}) was killed by SIGKILL"
+    with pytest.raises(RuntimeError, match=re.escape(expected)) as info:
+        for _ in take(collector):  # an endless collector: only the error ends it
+            pass
+    # The pipe error that gymnasium would have shown is kept as the cause.
+    assert isinstance(info.value.__cause__, (EOFError, OSError))
+    assert_failed_for_good(collector, RuntimeError)
+    # The broken vector env was shut down: no worker process left, and closing it is a no-op.
+    assert envs.closed
+    assert all(p.exitcode is not None for p in envs.processes)
+    envs.close()
+    del envs, collector, info
+    snapshot.assert_no_leaks()
+
+
+@pytest.fixture
+def release_blocked_steps():
+    BLOCK_RELEASE.clear()
+    yield BLOCK_RELEASE
+    BLOCK_RELEASE.set()  # whatever happened, no step stays blocked after the test
+
+
+@pytest.mark.parametrize("owned", [False, True], ids=["user-envs", "env-id"])
+def test_step_blocking_forever_times_out(release_blocked_steps, owned):
+    snapshot = Snapshot()
+    if owned:  # the collector builds and owns the envs: it must close them once the thread can stop
+        envs = "torch_rollout_tests/FaultyBlockingAt3-v0"
+        collector = Collector(envs, ConstantPolicy(), num_envs=2, num_steps=4, device="cpu", timeout=1.0)
+    else:
+        envs = SyncVectorEnv(faulty_fns(2, 0, fault="step_blocks", at=3))
+        collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=1.0)
+    with pytest.raises(TimeoutError, match=re.escape("no batch within timeout=1.0 s; the env or the policy is stuck")):
+        for _ in take(collector):
+            pass
+    assert collector.closed
+    with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with TimeoutError"):
+        next(collector)
+    # A thread stuck in foreign code cannot be interrupted; it stops as soon as the call returns.
+    assert len(collector_threads()) == 1
+    assert not collector.envs.closed
+    release_blocked_steps.set()
+    assert wait_until(lambda: not collector_threads(), TIMEOUT)
+    if owned:
+        assert wait_until(lambda: collector.envs.closed, TIMEOUT)
+    else:
+        envs.close()
+    del envs, collector
+    snapshot.assert_no_leaks()
+
+
+@pytest.mark.filterwarnings("ignore:.*Calling `close` while waiting for a pending call:UserWarning")
+def test_async_step_blocking_forever_times_out():
+    """The step blocks in a worker process for good; terminating the vector env frees everything."""
+    snapshot = Snapshot()
+    envs = AsyncVectorEnv(faulty_fns(2, 0, fault="step_blocks", at=3))
+    collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=1.0)
+    with pytest.raises(TimeoutError, match="no batch within timeout=1.0 s"):
+        next(collector)
+    with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with TimeoutError"):
+        next(collector)
+    envs.close(terminate=True)  # what a user does with a hung AsyncVectorEnv
+    assert wait_until(lambda: not collector_threads(), TIMEOUT)
+    del envs, collector
+    snapshot.assert_no_leaks()

@@ -1,0 +1,266 @@
+"""Hostile input: NaN and inf, observations of the wrong shape or dtype, actions outside the space,
+outputs on the wrong device, non-contiguous tensors. Each works or fails with an error that names
+the key, what was received and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+from reliability_envs import (
+    ActionEchoEnv,
+    BadObsVectorEnv,
+    ConstantPolicy,
+    faulty_fns,
+    take,
+    make_vec,
+)
+from torch_rollout import Collector
+
+TIMEOUT = 60.0
+ASYNC_ERROR_LOG = pytest.mark.filterwarnings("ignore::UserWarning:gymnasium.vector.async_vector_env")
+
+
+def first_batch(envs, policy=None, **kwargs):
+    kwargs = {"num_steps": 4, "device": "cpu", "prefetch": 0, "timeout": TIMEOUT, **kwargs}
+    with Collector(envs, policy or ConstantPolicy(), **kwargs) as collector:
+        batch = next(collector)
+    envs.close()
+    return batch
+
+
+def collect_error(envs, policy=None, **kwargs) -> pytest.ExceptionInfo:
+    kwargs = {"num_steps": 4, "device": "cpu", "timeout": TIMEOUT, **kwargs}
+    collector = Collector(envs, policy or ConstantPolicy(), **kwargs)
+    try:
+        with pytest.raises(ValueError) as info:
+            for _ in take(collector):
+                pass
+        assert collector.closed
+    finally:
+        collector.close()
+        envs.close()
+    return info
+
+
+# -- NaN and inf ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["nan_obs", "inf_obs", "nan_reward", "inf_reward"])
+def test_non_finite_values_pass_through_by_default(fault):
+    """The documented default: NaN and inf are valid floats, stored as the env returned them."""
+    batch = first_batch(SyncVectorEnv(faulty_fns(2, 1, fault=fault, at=3)))
+    obs, reward = batch["obs"], batch["reward"]
+    if fault.endswith("obs"):  # the observation after step 3 is row 3's
+        assert (math.isnan if fault == "nan_obs" else lambda x: x == -math.inf)(obs[3, 1, 1].item())
+        assert torch.isfinite(obs).sum() == obs.numel() - 1
+        assert torch.isfinite(reward).all()
+    else:  # the reward of step 3 is row 2's
+        assert (math.isnan if fault == "nan_reward" else lambda x: x == math.inf)(reward[2, 1].item())
+        assert torch.isfinite(reward).sum() == reward.numel() - 1
+        assert torch.isfinite(obs).all()
+
+
+@pytest.mark.parametrize(
+    "fault, at, message",
+    [
+        ("nan_obs", 3, "obs of env 1 is nan at step 2 (row 2 of batch 0), returned by envs.step()"),
+        ("inf_obs", 3, "obs of env 1 is -inf at step 2 (row 2 of batch 0), returned by envs.step()"),
+        ("nan_reward", 3, "reward of env 1 is nan at step 2 (row 2 of batch 0), returned by envs.step()"),
+        # NEXT_STEP: the reset after the episode end at step 5 takes a step, so the env's 7th is the 8th.
+        ("inf_reward", 7, "reward of env 1 is inf at step 7 (row 3 of batch 1), returned by envs.step()"),
+    ],
+)
+@pytest.mark.parametrize("cls", [SyncVectorEnv, AsyncVectorEnv], ids=lambda c: c.__name__)
+def test_check_finite_names_key_env_and_step(cls, fault, at, message):
+    info = collect_error(make_vec(cls, faulty_fns(2, 1, fault=fault, at=at)), check_finite=True)
+    suffix = "; pass check_finite=False to let NaN and inf through"
+    assert str(info.value) == f"Collector(check_finite=True): {message}{suffix}"
+
+
+@pytest.mark.parametrize(
+    "mode, returned_by",
+    [
+        (AutoresetMode.NEXT_STEP, "envs.step()"),
+        (AutoresetMode.SAME_STEP, "envs.step() in infos['final_obs']"),
+        (AutoresetMode.DISABLED, "envs.step()"),
+    ],
+    ids=lambda x: getattr(x, "value", None),
+)
+def test_check_finite_sees_final_observations(mode, returned_by):
+    """A NaN in the last observation of an episode is caught in every autoreset mode."""
+    envs = make_vec(SyncVectorEnv, faulty_fns(2, 1, fault="nan_obs", at=5, episode_length=5), mode)
+    info = collect_error(envs, check_finite=True)
+    assert f"obs of env 1 is nan at step 4 (row 0 of batch 1), returned by {returned_by};" in str(info.value)
+
+
+# -- observations of the wrong shape or dtype --------------------------------------------------------
+
+
+def test_sub_env_observation_of_wrong_shape_sync():
+    info = collect_error(SyncVectorEnv(faulty_fns(3, 1, fault="obs_shape", at=3)))
+    assert str(info.value).startswith(
+        "Collector: env 1 returned an observation of shape (4,) and dtype float32, expected shape (3,) and "
+        "dtype float32 of its observation space Box(-inf, inf, (3,), float32)"
+    )
+    assert isinstance(info.value.__cause__, ValueError)  # gymnasium's own "Output array is the wrong shape"
+
+
+@ASYNC_ERROR_LOG
+def test_sub_env_observation_of_wrong_shape_async():
+    # Raised in the worker process, re-raised by gymnasium: its text already names both shapes.
+    info = collect_error(AsyncVectorEnv(faulty_fns(3, 1, fault="obs_shape", at=3)))
+    assert "could not broadcast input array from shape (4,) into shape (3,)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fault, at, message",
+    [
+        (
+            "shape",
+            3,
+            "Collector: envs.step() returned obs of shape (2, 4) and dtype float32, expected shape (2, 3) "
+            "(num_envs, *observation_space.shape) and dtype float32 for Box(0.0, 255.0, (3,), float32)",
+        ),
+        (
+            "shape",
+            0,
+            "Collector: envs.reset() returned obs of shape (2, 4) and dtype float32, expected shape (2, 3)",
+        ),
+        (
+            "dtype_float_for_uint8",
+            2,
+            "Collector: envs.step() returned obs of shape (2, 3) and dtype float64, expected shape (2, 3) "
+            "(num_envs, *observation_space.shape) and dtype uint8 for Box(0, 255, (3,), uint8)",
+        ),
+    ],
+)
+def test_vector_env_observation_of_wrong_shape_or_dtype(fault, at, message):
+    """A hand-written VectorEnv has no Sync/Async checks in between: the collector's own catch it."""
+    info = collect_error(BadObsVectorEnv(2, fault=fault, at=at))
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize("fault", ["float64", "reversed", "list"])
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED], ids=lambda m: m.value)
+def test_vector_env_observations_that_must_just_work(fault, mode):
+    """float64 for a float32 space, negative strides, nested lists: stored like the proper arrays."""
+    batches = {}
+    for kind in ("proper", fault):
+        envs = BadObsVectorEnv(2, fault="none" if kind == "proper" else fault, at=0, mode=mode)
+        with Collector(envs, ConstantPolicy(), num_steps=6, device="cpu", prefetch=0, total_timesteps=24) as collector:
+            batches[kind] = torch.cat([batch["obs"] for batch in collector])  # two batches: bootstraps too
+    assert batches[fault].dtype == torch.float32
+    assert torch.equal(batches[fault], batches["proper"])
+    assert batches["proper"][:, :, 1].max() >= 3  # episodes ran to their end
+
+
+# -- actions ---------------------------------------------------------------------------------------
+
+
+def action_policy(action: list) -> ConstantPolicy:
+    return ConstantPolicy(lambda n: {"action": torch.tensor(action), "value": torch.zeros(n)})
+
+
+@pytest.mark.parametrize(
+    "space, action, message",
+    [
+        (spaces.Discrete(2), [0, 2], "for env 1 is 2, outside Discrete(2); expected integers from 0 to 1"),
+        (spaces.Discrete(2), [-1, 0], "for env 0 is -1, outside Discrete(2); expected integers from 0 to 1"),
+        (
+            spaces.Discrete(3, start=-1),
+            [-2, 0],
+            "for env 0 is -2, outside Discrete(3, start=-1); expected integers from -1 to 1",
+        ),
+        (
+            spaces.MultiDiscrete([2, 3]),
+            [[1, 2], [1, 3]],
+            "for env 1 is [1, 3], outside MultiDiscrete([2 3]); expected integers from [0, 0] to [1, 2]",
+        ),
+        (
+            spaces.MultiBinary(3),
+            [[0, 1, 1], [0, 2, 0]],
+            "for env 1 is [0, 2, 0], outside MultiBinary(3); expected integers from 0 to 1",
+        ),
+    ],
+    ids=["discrete-high", "discrete-negative", "discrete-start", "multidiscrete", "multibinary"],
+)
+def test_actions_outside_the_action_space(space, action, message):
+    envs = SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2)
+    info = collect_error(envs, action_policy(action))
+    assert str(info.value) == f"Collector: policy output 'action' {message}"
+
+
+@pytest.mark.parametrize(
+    "space, action",
+    [
+        (spaces.Discrete(2), [1, 0]),
+        (spaces.Discrete(3, start=-1), [1, -1]),
+        (spaces.MultiDiscrete([2, 3]), [[1, 2], [0, 0]]),
+        (spaces.MultiBinary(3), [[1, 1, 1], [0, 0, 0]]),
+    ],
+    ids=["discrete", "discrete-start", "multidiscrete", "multibinary"],
+)
+def test_actions_at_the_edges_of_the_action_space_reach_the_env(space, action):
+    batch = first_batch(SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2), action_policy(action))
+    received = batch["obs"][1, :, : np.prod(space.shape, dtype=int) or 1]
+    assert torch.equal(received, torch.tensor(action, dtype=torch.float32).reshape(2, -1))
+
+
+def test_box_actions_outside_the_bounds_are_clipped_for_the_env_only():
+    space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    batch = first_batch(SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2), action_policy([[5.0, -5.0], [0.5, 0.0]]))
+    assert torch.equal(batch["action"][0], torch.tensor([[5.0, -5.0], [0.5, 0.0]]))  # stored as returned
+    assert torch.equal(batch["obs"][1, :, :2], torch.tensor([[1.0, -1.0], [0.5, 0.0]]))  # what the env got
+
+
+# -- device and memory layout of policy outputs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["action", "value", "logits"])
+def test_policy_output_on_the_wrong_device(key):
+    """A CPU-only box cannot make a CUDA tensor; the meta device is just as foreign to the collector."""
+
+    def make(n: int) -> dict[str, torch.Tensor]:
+        out = {"action": torch.zeros(n, dtype=torch.long), "value": torch.zeros(n), "logits": torch.zeros(n, 2)}
+        out[key] = out[key].to("meta")
+        return out
+
+    info = collect_error(SyncVectorEnv(faulty_fns(2)), ConstantPolicy(make))
+    assert str(info.value).startswith(
+        f"Collector: policy output {key!r} is on device meta, expected cpu (the collector's device)"
+    )
+
+
+def test_non_contiguous_policy_outputs_just_work():
+    def make(n: int) -> dict[str, torch.Tensor]:
+        base = torch.arange(4 * n).reshape(n, 4)
+        return {
+            "action": base[:, 2] % 2,  # strided
+            "value": base.float().t()[1],  # a row of a transpose
+            "log_prob": torch.full((1,), -0.5).expand(n),  # stride 0
+            "logits": base.float().t().contiguous().t()[:, 1:3],  # column-major slice
+        }
+
+    batch = first_batch(SyncVectorEnv(faulty_fns(3)), ConstantPolicy(make))
+    base = torch.arange(12).reshape(3, 4)
+    assert torch.equal(batch["action"], (base[:, 2] % 2).expand(4, 3))
+    assert torch.equal(batch["value"], base[:, 1].float().expand(4, 3))
+    assert torch.equal(batch["log_prob"], torch.full((4, 3), -0.5))
+    assert torch.equal(batch["logits"], base[:, 1:3].float().expand(4, 3, 2))
+    assert torch.isfinite(batch["advantage"]).all()
+
+
+def test_non_contiguous_box_action_just_works():
+    space = spaces.Box(-10.0, 10.0, (2,), np.float32)
+    policy = ConstantPolicy(lambda n: {"action": torch.arange(2 * n, dtype=torch.float32).reshape(2, n).t()})
+    batch = first_batch(SyncVectorEnv([lambda: ActionEchoEnv(space)] * 3), policy)
+    expected = torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]])
+    assert torch.equal(batch["action"][0], expected)
+    assert torch.equal(batch["obs"][1, :, :2], expected)
