@@ -232,7 +232,8 @@ class Worker:
         ):
             batch[key] = torch.from_numpy(array).to(device, non_blocking=True)
         batch["done"] = batch["terminated"] | batch["truncated"]
-        batch["policy_version"] = torch.from_numpy(versions).to(device).unsqueeze(1).expand(T, N)
+        # contiguous: an expanded (stride-0) view would refuse in-place writes by the trainer
+        batch["policy_version"] = torch.from_numpy(versions).to(device).unsqueeze(1).expand(T, N).contiguous()
         if self.has_value:
             self._add_advantages(batch, final_values)
         return TensorDict(batch, batch_size=[T, N], device=device)
