@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -60,8 +62,11 @@ class CountingEnv(gym.Env):
 gym.register("TorchRolloutCounting-v0", entry_point=CountingEnv)
 
 
-def make_counting_envs(num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP) -> SyncVectorEnv:
-    return SyncVectorEnv([lambda i=i: CountingEnv(i) for i in range(num_envs)], autoreset_mode=mode)
+def make_counting_envs(
+    num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP, start_index: int = 0
+) -> SyncVectorEnv:
+    """CountingEnvs ``start_index ..``; with ``functools.partial`` (mode as keyword) a recipe for worker processes."""
+    return SyncVectorEnv([partial(CountingEnv, start_index + i) for i in range(num_envs)], autoreset_mode=mode)
 
 
 def value_fn(obs: torch.Tensor) -> torch.Tensor:

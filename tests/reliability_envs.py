@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import nn
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Snapshot",
     "child_pids",
     "collector_threads",
+    "counting_vec",
     "faulty_fns",
     "make_vec",
     "open_fds",
@@ -51,7 +52,8 @@ __all__ = [
 AUTORESET_MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 # The pytest process: FaultyEnv refuses to SIGKILL itself here (only inside an AsyncVectorEnv worker).
-_MAIN_PID = os.getpid()
+# Kept in the environment so that worker processes, which import this module anew, see it too.
+_MAIN_PID = int(os.environ.setdefault("TORCH_ROLLOUT_TESTS_MAIN_PID", str(os.getpid())))
 # Released by a test to let a FaultyEnv(fault="step_blocks") in this process return from step.
 BLOCK_RELEASE = threading.Event()
 
@@ -69,6 +71,17 @@ def make_vec(
 ) -> VectorEnv:
     """Builds a Sync or Async vector env of ``fns`` in autoreset ``mode``."""
     return cls(fns, autoreset_mode=mode)
+
+
+def counting_vec(
+    num_envs: int,
+    start_index: int = 0,
+    *,
+    cls: type[VectorEnv] = SyncVectorEnv,
+    mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+) -> VectorEnv:
+    """CountingEnvs ``start_index ..`` as a vector env: a picklable recipe for worker processes (with partial)."""
+    return cls([partial(CountingEnv, start_index + i) for i in range(num_envs)], autoreset_mode=mode)
 
 
 # -- counting env ----------------------------------------------------------------------------------
@@ -192,7 +205,7 @@ class FaultyEnv(gym.Env):
                     time.sleep(3600)
             elif self.fault == "sigkill":
                 if os.getpid() == _MAIN_PID:
-                    raise EnvFault("fault='sigkill' only runs inside an AsyncVectorEnv worker process")
+                    raise EnvFault("fault='sigkill' only runs inside a worker process")
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self.fault in ("nan_obs", "inf_obs"):
                 obs[1] = np.nan if self.fault == "nan_obs" else -np.inf

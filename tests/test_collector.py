@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +15,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from counting_env import CountingPolicy, make_counting_envs, value_fn
+from placements import PLACEMENTS, envs_for
 from torch_rollout import Collector
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
@@ -178,7 +180,7 @@ def test_batch_contract_keys_dtypes_and_episode_stats():
 
 def test_env_id_with_total_timesteps_gives_ceil_batches():
     with Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=10, total_timesteps=45,
-                   device="cpu") as collector:
+                   device="cpu", backend="thread") as collector:
         assert isinstance(collector.envs, SyncVectorEnv)
         assert len(collector) == 3
         batches = list(collector)
@@ -255,35 +257,39 @@ class VersionProbe(nn.Module):
         return {"action": torch.zeros(n, dtype=torch.long), "a": a, "b": self.b.expand(n).clone()}
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 2], ids=lambda p: f"prefetch{p}")
-def test_no_torn_weights_and_bounded_lag_while_trainer_updates(prefetch):
+def test_no_torn_weights_and_bounded_lag_while_trainer_updates(prefetch, placement):
     policy = VersionProbe()
-    envs = make_counting_envs(2)
+    envs, extra = envs_for(placement, make_counting_envs, 2)
     weights_at_version = {}
-    last_seen = -1
-    with Collector(envs, policy, num_steps=8, total_timesteps=8 * 2 * 12, prefetch=prefetch, device="cpu") as collector:
+    last_seen = torch.full((2,), -1)  # per env: worker processes refresh independently of each other
+    with Collector(envs, policy, num_steps=8, total_timesteps=8 * 2 * 12, prefetch=prefetch, device="cpu",
+                   **placement, **extra) as collector:
         weights_at_version[0] = 0.0
         for k, batch in enumerate(collector):
             weights_at_version[collector.policy_version] = policy.a.item()
             versions = batch["policy_version"]
-            assert (versions[1:] >= versions[:-1]).all() and versions.min() >= last_seen
-            last_seen = int(versions.max())
+            assert (versions[1:] >= versions[:-1]).all() and (versions[0] >= last_seen).all()
+            last_seen = versions[-1]
             assert collector.policy_version - int(versions.min()) <= max(prefetch, 0) + (prefetch == 0)
             assert (batch["a"] == batch["b"]).all(), "a row saw two weight versions"
-            for version, value in zip(versions[:, 0].tolist(), batch["a"][:, 0].tolist()):
+            for version, value in zip(versions.flatten().tolist(), batch["a"].flatten().tolist()):
                 assert value == weights_at_version[version]
             # The trainer's update: in place, one parameter at a time, slowly.
             with torch.no_grad():
                 policy.a.add_(1.0)
                 time.sleep(0.01)
                 policy.b.add_(1.0)
-    envs.close()
+    if not extra:
+        envs.close()
 
 
-def test_update_policy_refreshes_mid_iteration():
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_update_policy_refreshes_mid_iteration(placement):
     policy = VersionProbe()
-    envs = make_counting_envs(1)
-    with Collector(envs, policy, num_steps=4, prefetch=1, device="cpu") as collector:
+    envs, extra = envs_for(placement, make_counting_envs, 2)
+    with Collector(envs, policy, num_steps=4, prefetch=1, device="cpu", **placement, **extra) as collector:
         it = iter(collector)
         next(it)
         version = collector.policy_version
@@ -292,8 +298,12 @@ def test_update_policy_refreshes_mid_iteration():
             policy.b.fill_(5.0)
         collector.update_policy()
         assert collector.policy_version == version + 1
-        assert collector._runner.a.item() == 5.0
-    envs.close()
+        rows = torch.cat([next(it) for _ in range(3)])
+        newer = rows["policy_version"] > version
+        assert newer.any()  # the refresh reached the acting copy ...
+        assert (rows["a"][newer] == 5.0).all() and (rows["a"][~newer] == 0.0).all()  # ... and it alone
+    if not extra:
+        envs.close()
 
 
 # -- spaces ------------------------------------------------------------------------------------
@@ -381,17 +391,19 @@ def test_spaces(action_space, make_action, mode):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_cuda_batches_match_cpu(mode, prefetch):
+def test_cuda_batches_match_cpu(mode, prefetch, placement):
     results = {}
     for device in ("cpu", "cuda"):
-        envs = make_counting_envs(3, mode)
+        envs, extra = envs_for(placement, partial(make_counting_envs, mode=mode), 3)
         policy = CountingPolicy(deterministic=True).to(device)
         with Collector(envs, policy, num_steps=5, total_timesteps=5 * 3 * 4, prefetch=prefetch,
-                       device=device, gamma=GAMMA, gae_lambda=LAMBDA) as collector:
+                       device=device, gamma=GAMMA, gae_lambda=LAMBDA, **placement, **extra) as collector:
             results[device] = torch.cat(list(collector))
-        envs.close()
+        if not extra:
+            envs.close()
     assert results["cuda"].device.type == "cuda"
     assert results["cuda"]["advantage"].device.type == "cuda"
     for key in ("obs", "action", "reward", "mask", "done", "next_value"):

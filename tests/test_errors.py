@@ -79,7 +79,7 @@ def test_bad_arguments(kwargs, error, message):
 def test_bad_envs_and_policy_arguments():
     with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='NoSuchEnv-v0'")):
         Collector("NoSuchEnv-v0", CountingPolicy(), num_envs=2, num_steps=4)
-    with pytest.raises(ValueError, match=re.escape("Collector: num_envs is required with an env id (envs='CartPole-v1')")):
+    with pytest.raises(ValueError, match=re.escape("Collector: num_envs is required with an env id or a function (envs='CartPole-v1')")):
         Collector("CartPole-v1", CountingPolicy(), num_steps=4)
     with pytest.raises(TypeError, match=re.escape("Collector: envs must be a gymnasium.vector.VectorEnv or an env id str, got CountingEnv (wrap a single env")):
         Collector(CountingEnv(), CountingPolicy(), num_steps=4)
@@ -170,7 +170,9 @@ gym.register("TorchRolloutFailing-v0", entry_point=FailingEnv)
 
 @pytest.mark.parametrize("prefetch", [0, 1, 3], ids=lambda p: f"prefetch{p}")
 def test_env_error_reaches_consumer_with_traceback(prefetch):
+    # The env id is registered in this process only: the thread (workers would not know it).
     collector = Collector("TorchRolloutFailing-v0", CountingPolicy(), num_envs=2, num_steps=4, prefetch=prefetch,
+                          backend="thread",
                           device="cpu")
     batches = []
     with pytest.raises(EnvFailure, match="env broke with code 42") as info:
@@ -221,7 +223,8 @@ def test_break_inside_with_leaves_no_thread():
 
 
 def test_garbage_collection_closes():
-    collector = Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=4, device="cpu")
+    collector = Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=4, device="cpu",
+                          backend="thread")
     next(collector)
     envs = collector.envs
     del collector

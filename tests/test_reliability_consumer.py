@@ -124,7 +124,9 @@ def test_break(cls, with_block):
 
 def test_dropped_in_a_reference_cycle_closed_by_gc():
     snapshot = Snapshot()
-    collector = Collector("torch_rollout_tests/Faulty-v0", ConstantPolicy(), num_envs=2, num_steps=8, device="cpu")
+    collector = Collector(
+        "torch_rollout_tests/Faulty-v0", ConstantPolicy(), num_envs=2, num_steps=8, device="cpu", backend="thread"
+    )
     next(collector)
     envs = collector.envs
     collector.myself = collector  # only the cycle collector can free it now
@@ -146,7 +148,8 @@ def test_garbage_collected_on_its_own_thread(monkeypatch):
     gc.disable()  # only the collector's thread may find the cycle
     try:
         collector = Collector(
-            "torch_rollout_tests/Faulty-v0", GcPolicy(), num_envs=2, num_steps=8, device="cpu", prefetch=1
+            "torch_rollout_tests/Faulty-v0", GcPolicy(), num_envs=2, num_steps=8, device="cpu", prefetch=1,
+            backend="thread",
         )
         envs = collector.envs
         collector.myself = collector

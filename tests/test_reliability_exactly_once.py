@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from functools import partial
 
+import gymnasium
 import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-from reliability_envs import (
-    AUTORESET_MODES,
-    CountingEnv,
-    CountingPolicy,
-    SlowReadPolicy,
-    faulty_fns,
-    make_vec,
-)
+from placements import PLACEMENTS, envs_for
+from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy, SlowReadPolicy, counting_vec
 from torch_rollout import Collector
 
 TIMEOUT = 60.0
@@ -48,16 +44,17 @@ def expected_transitions(index: int, count: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("cls", [SyncVectorEnv, AsyncVectorEnv], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
-def test_every_transition_once_and_in_order(mode, prefetch, cls):
-    envs = make_vec(cls, [partial(CountingEnv, i) for i in range(N)], mode)
+def test_every_transition_once_and_in_order(mode, prefetch, cls, placement):
+    envs, extra = envs_for(placement, partial(counting_vec, cls=cls, mode=mode), N)
     received: dict[str, list[torch.Tensor]] = {key: [] for key in expected_transitions(0, 1)[0]}
     masks = []
     with Collector(
         envs, CountingPolicy(), num_steps=T, device="cpu", prefetch=prefetch, total_timesteps=N * T * BATCHES,
-        seed=0, timeout=TIMEOUT,
+        seed=0, timeout=TIMEOUT, **placement, **extra,
     ) as collector:
         for b, batch in enumerate(collector):
             # Refreshes in the middle of iterations too, not only the one next() does.
@@ -68,7 +65,8 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls):
             masks.append(batch["mask"])
             if b % 3 == 2:
                 collector.update_policy()
-    envs.close()
+    if not extra:
+        envs.close()
     assert b == BATCHES - 1
 
     mask = torch.cat(masks)  # [BATCHES * T, N]
@@ -91,8 +89,9 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls):
             assert BATCHES * T - count == resets
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
-def test_no_row_mixes_two_weight_versions(prefetch):
+def test_no_row_mixes_two_weight_versions(prefetch, placement):
     """The trainer updates in place, parameter by parameter, slowly; the policy reads its weights slowly.
 
     Every row must come from one weight version, the one its ``policy_version``
@@ -101,7 +100,7 @@ def test_no_row_mixes_two_weight_versions(prefetch):
     middle of iterations, while the thread is inside a forward pass.
     """
     policy = SlowReadPolicy(k=4, pause=0.0005)
-    envs = SyncVectorEnv(faulty_fns(2))
+    envs, extra = envs_for(placement, partial(gymnasium.make_vec, "torch_rollout_tests/Faulty-v0"), 2)
     num_batches = 30
     value = 0.0  # every weight of the trainer's policy
     weights_of = {0: 0.0}  # policy_version -> the weight value it copied
@@ -109,7 +108,7 @@ def test_no_row_mixes_two_weight_versions(prefetch):
     seen_versions: list[int] = []
     with Collector(
         envs, policy, num_steps=8, device="cpu", prefetch=prefetch, total_timesteps=2 * 8 * num_batches,
-        timeout=TIMEOUT,
+        timeout=TIMEOUT, **placement, **extra,
     ) as collector:
         for b, batch in enumerate(collector):
             # next() refreshed the inference copy from the trainer's weights, which are `value` now.
@@ -118,14 +117,14 @@ def test_no_row_mixes_two_weight_versions(prefetch):
             weights = batch["weights"]  # [T, N, 4]
             versions = batch["policy_version"]  # [T, N]
             assert (weights == weights[..., :1]).all(), "a forward pass read two weight versions"
-            assert (versions == versions[:, :1]).all()
-            for t in range(weights.shape[0]):
-                assert weights[t, 0, 0].item() == weights_of[versions[t, 0].item()]
+            # Each worker process steps its own envs: rows of one step agree within a worker only.
+            for t, i in itertools.product(range(weights.shape[0]), range(weights.shape[1])):
+                assert weights[t, i, 0].item() == weights_of[versions[t, i].item()]
             oldest = versions.min().item()
             assert b + 1 - refreshes_of[oldest] <= prefetch
             if b < num_batches // 2:  # no refresh by hand yet: versions and refreshes agree
                 assert collector.policy_version - oldest <= prefetch
-            seen_versions += versions[:, 0].tolist()
+            seen_versions += versions[:, -1].tolist()
             # The trainer's update: in place, one parameter at a time, while the thread collects.
             with torch.no_grad():
                 for w in policy.ws:
@@ -136,6 +135,7 @@ def test_no_row_mixes_two_weight_versions(prefetch):
                 collector.update_policy()
                 weights_of[collector.policy_version] = value
                 refreshes_of[collector.policy_version] = b + 1
-    envs.close()
+    if not extra:
+        envs.close()
     assert seen_versions == sorted(seen_versions)
     assert len(set(seen_versions)) > 10  # the weights did change under the collector

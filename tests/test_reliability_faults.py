@@ -80,7 +80,7 @@ def test_env_step_raising_reaches_consumer(cls, prefetch):
     # Step 7 falls in the second batch: the first one is delivered, nothing after the error.
     assert delivered == 1
     if cls is SyncVectorEnv:  # the original traceback, down to the env's step
-        assert "step" in frames(info.value) and "_collect" in frames(info.value)
+        assert "step" in frames(info.value) and "collect" in frames(info.value)
     assert_failed_for_good(collector, EnvFault)
     envs.close()
     del envs, collector, info
@@ -169,7 +169,9 @@ def test_step_blocking_forever_times_out(release_blocked_steps, owned):
     snapshot = Snapshot()
     if owned:  # the collector builds and owns the envs: it must close them once the thread can stop
         envs = "torch_rollout_tests/FaultyBlockingAt3-v0"
-        collector = Collector(envs, ConstantPolicy(), num_envs=2, num_steps=4, device="cpu", timeout=1.0)
+        collector = Collector(
+            envs, ConstantPolicy(), num_envs=2, num_steps=4, device="cpu", timeout=1.0, backend="thread"
+        )
     else:
         envs = SyncVectorEnv(faulty_fns(2, 0, fault="step_blocks", at=3))
         collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=1.0)

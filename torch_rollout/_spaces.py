@@ -61,28 +61,46 @@ def _space_shape(space: spaces.Space) -> tuple[int, ...]:
 
 
 class ObsBuffer:
-    """Host storage for ``[*prefix, *obs_shape]`` observations with NumPy views for fast writes.
+    """Storage for ``[*prefix, *obs_shape]`` observations, with NumPy views for fast writes on the host.
 
     Args:
         space: the single-env observation space.
         prefix: leading dims, e.g. ``(T, N)`` or ``(N,)``.
+        device: where the storage lives; on CUDA, rows are assigned as tensors.
         pin_memory: allocate page-locked memory for non-blocking host-to-device copies.
     """
 
-    def __init__(self, space: spaces.Space, prefix: tuple[int, ...], *, pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        space: spaces.Space,
+        prefix: tuple[int, ...],
+        *,
+        device: torch.device | str = "cpu",
+        pin_memory: bool = False,
+    ) -> None:
         self.space = space
-        self.tensor: Obs = self._alloc(space, prefix, pin_memory)
-        self.arrays: Any = self._views(self.tensor)
+        self.tensor: Obs = self._alloc(space, prefix, torch.device(device), pin_memory)
+        self.arrays: Any = self._views(self.tensor) if self.tensor.device.type == "cpu" else None
 
     @classmethod
-    def _alloc(cls, space: spaces.Space, prefix: tuple[int, ...], pin: bool) -> Obs:
+    def wrap(cls, space: spaces.Space, tensor: Obs) -> ObsBuffer:
+        """An ObsBuffer over existing storage (e.g. a shared-memory batch slot)."""
+        self = cls.__new__(cls)
+        self.space = space
+        self.tensor = tensor
+        self.arrays = cls._views(tensor) if tensor.device.type == "cpu" else None
+        return self
+
+    @classmethod
+    def _alloc(cls, space: spaces.Space, prefix: tuple[int, ...], device: torch.device, pin: bool) -> Obs:
         if isinstance(space, spaces.Dict):
             return TensorDict(
-                {key: cls._alloc(sub, prefix, pin) for key, sub in space.spaces.items()},
+                {key: cls._alloc(sub, prefix, device, pin) for key, sub in space.spaces.items()},
                 batch_size=prefix,
+                device=device,
             )
         dtype = torch.from_numpy(np.empty(0, dtype=_storage_dtype(space))).dtype
-        return torch.empty(prefix + _space_shape(space), dtype=dtype, pin_memory=pin)
+        return torch.empty(prefix + _space_shape(space), dtype=dtype, device=device, pin_memory=pin)
 
     @classmethod
     def _views(cls, tensor: Obs) -> Any:
@@ -91,7 +109,7 @@ class ObsBuffer:
         return tensor.numpy()
 
     def write(self, index: int | slice, obs: Any) -> None:
-        """Copies the env's ``obs`` into ``self.tensor[index]`` (casting float64 to float32)."""
+        """Copies the env's ``obs`` into ``self.tensor[index]`` (casting float64 to float32); host only."""
         _write(self.arrays, index, obs)
 
 

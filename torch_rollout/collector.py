@@ -1,16 +1,18 @@
-"""The Collector: background rollout collection of ``[num_steps, num_envs]`` TensorDict batches."""
+"""The Collector: rollout collection of ``[num_steps, num_envs]`` TensorDict batches beside training."""
 
 from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import math
-import queue
+import pickle
+import sys
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import gymnasium
@@ -19,19 +21,22 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import nn
 
-from torch_rollout._spaces import check_action_space, check_obs_space
-from torch_rollout._worker import Worker
+from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
+from torch_rollout._loop import add_advantages
+from torch_rollout._process import ProcessPlacement
+from torch_rollout._thread import ThreadPlacement
 
 __all__ = ["Collector"]
 
 # How long close() waits for the background thread; a thread stuck in an env's
 # step past this is left behind (it is a daemon) with a warning.
 _JOIN_TIMEOUT = 10.0
+_BACKENDS = ("auto", "thread", "process")
 _live: weakref.WeakSet[Collector] = weakref.WeakSet()
 
 
 class Collector:
-    """Collects rollouts of a gymnasium vector env with a torch policy on a background thread.
+    """Collects rollouts of gymnasium vector envs with a torch policy, beside the training loop.
 
     ``for batch in collector`` yields a :class:`tensordict.TensorDict` with
     ``batch_size=[num_steps, num_envs]`` on ``device`` per iteration, while the
@@ -71,6 +76,21 @@ class Collector:
     per step for the envs that ended), and the last row of a batch bootstraps
     from the observation the next batch starts with.
 
+    Placements: one collection loop runs either on a background thread of this
+    process (``backend="thread"``: right for a CUDA policy, and for envs that
+    step outside the GIL) or in ``num_workers`` worker processes
+    (``backend="process"``), each stepping a contiguous share of the envs that
+    it builds itself from ``envs`` (an env id or a picklable function), with
+    batches and weights in shared memory. ``backend="auto"`` takes processes
+    for a CPU policy whenever ``envs`` is an id or a function and both it and
+    the policy can be pickled, else the thread. Env ``j`` is reset with seed
+    ``seed + j`` in every placement, so a deterministic policy gets the same
+    batches from all of them (vector envs that draw every sub-env from one
+    generator, such as gymnasium's ``CartPoleVectorEnv``, differ once split
+    across workers: pass ``env_kwargs={"vectorization_mode": "sync"}``). Worker
+    processes start from a forkserver: a script that creates a collector needs
+    the usual ``if __name__ == "__main__":`` guard.
+
     Weights and policy lag: the policy is called under ``torch.no_grad()``.
     With ``prefetch >= 1`` the collector runs its own copy of the policy and
     refreshes it from ``policy`` whenever the next batch is requested (the
@@ -79,13 +99,19 @@ class Collector:
     ``prefetch`` batches ahead, so a batch's rows may come from weights up to
     ``prefetch`` versions old (plus one per :meth:`update_policy` called by
     hand meanwhile): use the stored ``log_prob`` in importance ratios. With
-    ``prefetch=0`` collection runs in lockstep with the consumer, on
-    ``policy`` itself, and with a seed (and ``torch.manual_seed`` for the
-    policy's sampling) two runs give identical batches.
+    ``prefetch=0`` collection runs in lockstep with the consumer (on the
+    thread: on ``policy`` itself), and with a seed (and ``torch.manual_seed``
+    for the policy's sampling) two runs give identical batches. Worker
+    processes act with a shared-memory copy, refreshed in place under a lock
+    per worker; rows of different workers may carry different versions.
 
     Errors: an exception raised by the env or the policy in the background is
-    re-raised by ``next()`` with its original traceback, and the collector
-    closes; iterating it again raises ``RuntimeError``. Envs the collector
+    re-raised by ``next()`` with its original traceback (from a worker process:
+    the same exception type, with the worker's traceback text as its
+    ``__cause__``), and the collector closes; iterating it again raises
+    ``RuntimeError``. A worker process that dies becomes a ``RuntimeError``
+    naming it, its pid and the signal; workers exit by themselves when the
+    trainer's process dies. Envs the collector
     created are closed by :meth:`close`, which is idempotent and also runs on
     garbage collection and at interpreter exit. Where gymnasium's own error
     hides the cause, the collector names it: a killed AsyncVectorEnv worker
@@ -101,22 +127,29 @@ class Collector:
     use inf on purpose) unless ``check_finite=True``.
 
     Args:
-        envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode, or an
-            env id for :func:`gymnasium.make_vec` (then ``num_envs`` is required).
+        envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
+            an env id for :func:`gymnasium.make_vec`, or a function
+            ``make_envs(num_envs)`` (or ``make_envs(num_envs, start_index=...)``)
+            returning a vector env; with an id or a function ``num_envs`` is required.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
             ``"action"`` (``[num_envs, *action_shape]``) and optionally ``"value"``
             (``[num_envs]`` or ``[num_envs, 1]``) and ``"log_prob"``. ``obs`` is
             ``[num_envs, *obs_shape]`` on ``device`` (a TensorDict for Dict
             spaces). A ``tensordict.nn.TensorDictModule`` reads ``"obs"``.
         num_steps: steps per env per batch (``T``).
-        num_envs: number of envs to build when ``envs`` is an env id.
+        num_envs: number of envs to build when ``envs`` is an env id or a function.
+        env_kwargs: keyword arguments of :func:`gymnasium.make_vec` with an env id.
+        backend: ``"thread"``, ``"process"`` or ``"auto"`` (see Placements).
+        num_workers: worker processes with ``backend="process"`` (at most ``num_envs``).
         gamma: discount factor.
         gae_lambda: GAE lambda.
         device: where the policy runs and batches live; ``None``: ``"cuda"``
             when available, else ``"cpu"``.
         total_timesteps: stop after ``ceil(total_timesteps / (T * num_envs))``
             batches; ``None``: endless.
-        prefetch: batches the thread may collect ahead of the consumer; 0: lockstep.
+        prefetch: batches collected ahead of the consumer; 0: lockstep; ``None``: 1,
+            except 0 for the thread with a CPU policy (it shares the GIL with the
+            trainer, and collecting ahead was measured to slow training down).
         seed: seed of the envs' first reset.
         timeout: seconds ``next()`` waits for a batch before raising
             ``TimeoutError`` (an env that hangs); ``None``: wait forever. The
@@ -139,7 +172,7 @@ class Collector:
         ...         n = obs.shape[0]
         ...         return {"action": torch.randint(0, 2, (n,)), "value": torch.zeros(n)}
         >>> with Collector("CartPole-v1", RandomPolicy(), num_envs=4, num_steps=16,
-        ...                total_timesteps=128, device="cpu", seed=0) as collector:
+        ...                total_timesteps=128, device="cpu", seed=0, backend="thread") as collector:
         ...     for batch in collector:
         ...         pass
         >>> batch.batch_size
@@ -150,8 +183,10 @@ class Collector:
         True
     """
 
-    envs: VectorEnv
+    envs: VectorEnv | None
     policy: nn.Module
+    backend: str
+    num_workers: int
     num_steps: int
     num_envs: int
     device: torch.device
@@ -161,23 +196,28 @@ class Collector:
 
     def __init__(
         self,
-        envs: VectorEnv | str,
+        envs: VectorEnv | str | Callable[..., VectorEnv],
         policy: nn.Module,
         *,
         num_steps: int,
         num_envs: int | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        backend: str = "auto",
+        num_workers: int = 1,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         device: torch.device | str | None = None,
         total_timesteps: int | None = None,
-        prefetch: int = 1,
+        prefetch: int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
         check_finite: bool = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
-        _check_int("prefetch", prefetch, minimum=0)
+        _check_int("num_workers", num_workers, minimum=1)
+        if prefetch is not None:
+            _check_int("prefetch", prefetch, minimum=0)
         if total_timesteps is not None:
             _check_int("total_timesteps", total_timesteps, minimum=1)
         if seed is not None:
@@ -189,58 +229,90 @@ class Collector:
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
         if not isinstance(policy, nn.Module):
             raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
+        if env_kwargs is not None and not isinstance(envs, str):
+            raise ValueError(
+                f"Collector: env_kwargs are passed to gymnasium.make_vec with an env id, but envs is a "
+                f"{type(envs).__name__}; build them into your vector env or make_envs function instead"
+            )
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
+        if prefetch is None:
+            # Measured (README, Performance): on a CPU the thread shares the GIL with the trainer and
+            # collecting ahead made training slower; in lockstep it is never slower.
+            prefetch = 0 if backend == "thread" and self.device.type == "cpu" else 1
+        if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
+            raise TypeError(
+                f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
+                f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}"
+                + (" (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else "")
+            )
+        if isinstance(envs, VectorEnv):
+            if num_envs is not None and num_envs != envs.num_envs:
+                raise ValueError(
+                    f"Collector: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
+                    "pass num_envs only with an env id or a make_envs function"
+                )
+            num_envs = envs.num_envs
+        elif num_envs is None:
+            raise ValueError(f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
+        _check_int("num_envs", num_envs, minimum=1)
+        if num_workers > num_envs:
+            raise ValueError(f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env")
 
-        self._owns_envs = isinstance(envs, str)
-        envs = _make_envs(envs, num_envs)
-        try:
-            check_obs_space(envs.single_observation_space)
-            check_action_space(envs.single_action_space)
-            mode = AutoresetMode(envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-            if prefetch == 0:
-                _check_policy_device(policy, self.device)
-                runner = policy
-            else:
-                runner = _inference_copy(policy, self.device)
-        except BaseException:
-            if self._owns_envs:
-                envs.close()
-            raise
-
-        self.envs = envs
         self.policy = policy
+        self.backend = backend
+        self.num_workers = num_workers
         self.num_steps = num_steps
-        self.num_envs = envs.num_envs
+        self.num_envs = num_envs
         self.prefetch = prefetch
-        self.autoreset_mode = mode
         self.timeout = timeout
-        self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * envs.num_envs))
+        self.gamma = float(gamma)
+        self.gae_lambda = float(gae_lambda)
+        loop_kwargs = {"num_steps": num_steps, "check_finite": bool(check_finite)}
+        if backend == "thread":
+            self._owns_envs = not isinstance(envs, VectorEnv)
+            built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs, env_kwargs=env_kwargs)
+            try:
+                if prefetch == 0:
+                    _check_policy_device(policy, self.device)
+                    runner = policy
+                else:
+                    runner = _inference_copy(policy, self.device)
+                mode = autoreset_mode(built)
+                self._placement: ThreadPlacement | ProcessPlacement = ThreadPlacement(
+                    built, runner, own_copy=runner is not policy, owns_envs=self._owns_envs, device=self.device,
+                    seed=seed, autoreset_mode=mode, **loop_kwargs,
+                )  # fmt: skip
+            except BaseException:
+                if self._owns_envs:
+                    built.close()
+                raise
+            self.envs = built
+        else:
+            self._owns_envs = True
+            runner = _inference_copy(policy, torch.device("cpu")).share_memory()
+            self._placement = ProcessPlacement(
+                envs, runner, num_envs=num_envs, num_workers=num_workers, prefetch=prefetch, device=self.device,
+                seed=seed, env_kwargs=env_kwargs, startup_timeout=timeout, **loop_kwargs,
+            )  # fmt: skip
+            mode = AutoresetMode(self._placement.info["autoreset_mode"])
+            self.envs = None
+        self.autoreset_mode = mode
+        # (acting copy's tensor, user's tensor) pairs copied on each refresh; empty in lockstep on a thread.
+        self._weight_pairs = [] if runner is policy else _weight_pairs(runner, policy)
+        self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
+        self._requested = 0
         self._delivered = 0
         self._error: BaseException | None = None
-        # (inference param, user param) pairs copied on each refresh; empty in lockstep.
-        self._weight_pairs = [] if runner is policy else _weight_pairs(runner, policy)
-        self._runner = runner
-        self._worker = Worker(
-            envs,
-            runner,
-            num_steps=num_steps,
-            gamma=gamma,
-            gae_lambda=gae_lambda,
-            device=self.device,
-            num_batches=self._num_batches,
-            prefetch=prefetch,
-            seed=seed,
-            autoreset_mode=mode,
-            check_finite=bool(check_finite),
-            owns_envs=self._owns_envs,
-        )
         self.closed = False
         _live.add(self)
-        self._worker.thread.start()
+        self._placement.start()
+        for _ in range(prefetch):
+            self._request()
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -261,33 +333,29 @@ class Collector:
             self.close()
             raise StopIteration
         self.update_policy()
-        self._worker.credits.put(None)
-        batch, error = self._wait_for_result()
+        self._request()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        batch, error = self._placement.receive(deadline)
+        if batch is None and error is None:
+            error = TimeoutError(
+                f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
+                f"(backend={self.backend!r}, autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs}); "
+                "the collector is closed"
+                + (" and its thread is left to stop when the stuck call returns" if self.backend == "thread" else "")
+            )
         if error is not None:
             self._error = error
             # After a timeout the thread is stuck: waiting for it in close() would hang as well.
             self._shut_down(join_timeout=0.0 if isinstance(error, TimeoutError) else _JOIN_TIMEOUT)
             raise error
         self._delivered += 1
-        return batch
+        return add_advantages(batch, gamma=self.gamma, gae_lambda=self.gae_lambda)
 
-    def _wait_for_result(self) -> tuple[TensorDict | None, BaseException | None]:
-        worker = self._worker
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while True:
-            try:
-                # A short poll so that a thread that died without a word is noticed.
-                return worker.results.get(timeout=0.25)
-            except queue.Empty:
-                pass
-            if not worker.thread.is_alive() and worker.results.empty():
-                return None, RuntimeError("Collector: the background thread exited without producing a batch")
-            if deadline is not None and time.monotonic() > deadline:
-                return None, TimeoutError(
-                    f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
-                    f"(autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs}); the collector "
-                    "is closed and its thread is left to stop when the stuck call returns"
-                )
+    def _request(self) -> None:
+        """Asks for one more batch, unless every batch of ``total_timesteps`` was asked for already."""
+        if self._num_batches is None or self._requested < self._num_batches:
+            self._requested += 1
+            self._placement.request()
 
     def __len__(self) -> int:
         if self._num_batches is None:
@@ -299,50 +367,39 @@ class Collector:
     @property
     def policy_version(self) -> int:
         """Number of weight refreshes so far; rows store the version that produced them."""
-        return self._worker.version
+        return self._placement.version
 
     def update_policy(self) -> None:
-        """Copies the weights of ``policy`` into the collector's inference copy now.
+        """Copies the weights of ``policy`` into the collector's acting copy now.
 
         Called automatically each time the next batch is requested. Call it
         yourself after an update that happens in the middle of an iteration.
         """
-        worker = self._worker
-        with worker.lock, torch.no_grad():
+        placement = self._placement
+        with placement.locked(), torch.no_grad():
             for dst, src in self._weight_pairs:
                 dst.copy_(src)
-            if self._runner is not self.policy:
-                self._runner.train(self.policy.training)
-            worker.version += 1
+            placement.bump_version(self.policy.training)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the background thread and closes the envs the collector created. Idempotent."""
+        """Stops the background collection and closes the envs the collector created. Idempotent."""
         self._shut_down(join_timeout=_JOIN_TIMEOUT)
 
     def _shut_down(self, *, join_timeout: float) -> None:
         if self.closed:
             return
         self.closed = True
-        worker = self._worker
-        worker.stop.set()
-        worker.credits.put(None)  # wakes a thread waiting for the next request
-        # Garbage collection can run __del__ on the collector's own thread, which cannot join itself.
-        on_worker = threading.current_thread() is worker.thread
-        if not on_worker:
-            worker.thread.join(join_timeout)
-        if not worker.abandon():  # still running: it closes the envs it owns when it stops
-            if join_timeout > 0 and not on_worker:
-                warnings.warn(
-                    f"Collector.close: the background thread did not stop within {join_timeout} s "
-                    "(an env step or policy call is stuck); it is left running as a daemon",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return
-        if self._owns_envs:
-            self.envs.close()
+        placement = self._placement
+        on_own_thread = threading.current_thread() is getattr(placement, "thread", None)
+        if not placement.close(join_timeout) and join_timeout > 0 and not on_own_thread:
+            warnings.warn(
+                f"Collector.close: the background thread did not stop within {join_timeout} s "
+                "(an env step or policy call is stuck); it is left running as a daemon",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def __enter__(self) -> Collector:
         return self
@@ -356,7 +413,8 @@ class Collector:
 
     def __repr__(self) -> str:
         return (
-            f"Collector(num_envs={getattr(self, 'num_envs', None)}, num_steps={getattr(self, 'num_steps', None)}, "
+            f"Collector(backend={getattr(self, 'backend', None)!r}, num_workers={getattr(self, 'num_workers', None)}, "
+            f"num_envs={getattr(self, 'num_envs', None)}, num_steps={getattr(self, 'num_steps', None)}, "
             f"device={getattr(self, 'device', None)}, prefetch={getattr(self, 'prefetch', None)}, "
             f"autoreset_mode={getattr(getattr(self, 'autoreset_mode', None), 'value', None)}, closed={self.closed})"
         )
@@ -369,26 +427,59 @@ def _check_int(name: str, x: Any, *, minimum: int) -> None:
         raise ValueError(f"Collector: {name} must be an int >= {minimum}, got {x}")
 
 
-def _make_envs(envs: VectorEnv | str, num_envs: int | None) -> VectorEnv:
-    if isinstance(envs, VectorEnv):
-        if num_envs is not None and num_envs != envs.num_envs:
-            raise ValueError(
-                f"Collector: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
-                "pass num_envs only with an env id"
+def _resolve_backend(
+    backend: str, envs: Any, policy: nn.Module, device: torch.device, num_workers: int
+) -> str:
+    """The placement for ``backend``; "auto": worker processes for a CPU policy when they can be used."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"Collector: backend must be one of {list(_BACKENDS)}, got {backend!r}")
+    if backend == "thread" and num_workers != 1:
+        raise ValueError(f"Collector: num_workers={num_workers} needs backend='process'; the thread runs one loop")
+    if backend == "auto":
+        if device.type != "cpu" or isinstance(envs, VectorEnv) or not _can_travel(envs, policy):
+            if num_workers != 1:
+                raise ValueError(
+                    f"Collector: num_workers={num_workers} needs backend='process'; backend='auto' chose the "
+                    f"thread (device={device}, envs={type(envs).__name__})"
+                )
+            return "thread"
+        return "process"
+    if backend == "process":
+        if isinstance(envs, VectorEnv):
+            raise TypeError(
+                f"Collector(backend='process'): envs is a live {type(envs).__name__}, but each worker process "
+                "builds its own envs; pass an env id with num_envs (and env_kwargs), or a picklable function "
+                "make_envs(num_envs) -> VectorEnv (e.g. functools.partial(gymnasium.make_vec, 'CartPole-v1'))"
             )
-        return envs
-    if not isinstance(envs, str):
-        raise TypeError(
-            f"Collector: envs must be a gymnasium.vector.VectorEnv or an env id str, got {type(envs).__name__}"
-            + (" (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else "")
-        )
-    if num_envs is None:
-        raise ValueError(f"Collector: num_envs is required with an env id (envs={envs!r}), e.g. num_envs=8")
-    _check_int("num_envs", num_envs, minimum=1)
+        hint = "define it at module level (not a lambda or a local function) or use backend='thread'"
+        check_picklable("envs", envs, hint)
+        check_picklable("policy", policy, "make it picklable or use backend='thread'")
+        for name, obj in (("envs", envs), ("policy", policy)):
+            if not _importable_in_worker(obj):
+                raise TypeError(
+                    f"Collector(backend='process'): {name} is defined in an interactive __main__ (a notebook or "
+                    f"the REPL), which worker processes cannot import; {hint}"
+                )
+    return backend
+
+
+def _can_travel(envs: Any, policy: nn.Module) -> bool:
+    """Whether ``envs`` and ``policy`` can be sent to a worker process (``backend="auto"``)."""
     try:
-        return gymnasium.make_vec(envs, num_envs=num_envs)
-    except gymnasium.error.Error as exc:
-        raise ValueError(f"Collector: unknown env id envs={envs!r}: {exc}") from exc
+        pickle.dumps(envs)
+        pickle.dumps(policy)
+    except Exception:
+        return False
+    return _importable_in_worker(envs) and _importable_in_worker(policy)
+
+
+def _importable_in_worker(obj: Any) -> bool:
+    """False for objects of a ``__main__`` that has no file (a notebook): workers cannot re-import it."""
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    if isinstance(obj, functools.partial):
+        module = getattr(obj.func, "__module__", module)
+    main = sys.modules.get("__main__")
+    return not (module == "__main__" and getattr(main, "__file__", None) is None)
 
 
 def _check_policy_device(policy: nn.Module, device: torch.device) -> None:

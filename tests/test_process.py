@@ -1,0 +1,359 @@
+"""The worker-process placement: what only processes can get wrong (recipes, shared memory, deaths, exits).
+
+The batch contract itself (exactly once, weight versions, spaces) is tested for
+every placement by the parametrized tests of the other modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import SyncVectorEnv
+from tensordict import TensorDict
+
+from counting_env import CountingPolicy, make_counting_envs
+from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
+from test_collector import SpacesEnv, SpacesPolicy
+from torch_rollout import Collector
+from torch_rollout._process import RemoteTraceback
+
+TIMEOUT = 60.0
+TESTS = Path(__file__).resolve().parent
+FAULTY = "torch_rollout_tests/Faulty-v0"
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """Every process below ``pid`` (default: this one), forkserver and its workers included."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+    found, frontier = set(), {os.getpid() if pid is None else pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def workers() -> set[int]:
+    """Live torch_rollout worker processes below this one."""
+    alive = set()
+    for pid in descendants():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if b"forkserver" in cmdline and state != "Z" and pid not in _forkservers():
+            alive.add(pid)
+    return alive
+
+
+def _forkservers() -> set[int]:
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return set() if pid is None else {pid}
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _warm_up():
+    # The forkserver and multiprocessing's resource tracker live as long as this process: start them first.
+    with Collector(FAULTY, ConstantPolicy(), num_envs=1, num_steps=2, backend="process", total_timesteps=2) as c:
+        list(c)
+
+
+def deterministic_cartpole_policy() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return CartPolePolicy()
+
+
+class CartPolePolicy(torch.nn.Module):
+    """Greedy over a fixed linear map: the same actions wherever it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, obs):
+        out = self.linear(obs)
+        return {"action": out[:, :2].argmax(-1), "value": out[:, 2]}
+
+
+# -- the same batches in every placement -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_thread_and_processes_give_identical_batches(prefetch):
+    """Env ``j`` is seeded ``seed + j`` wherever it runs: a deterministic policy sees the same episodes."""
+    recipe = functools.partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")
+    results = {}
+    for backend, k in [("thread", 1), ("process", 1), ("process", 3)]:
+        with Collector(
+            recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
+            seed=11, device="cpu", backend=backend, num_workers=k, prefetch=prefetch, timeout=TIMEOUT,
+        ) as collector:  # fmt: skip
+            results[backend, k] = torch.cat(list(collector))
+    reference = results["thread", 1]
+    assert reference["done"].any()
+    for key, batch in results.items():
+        for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return"):
+            assert torch.equal(batch[name], reference[name]), f"{key}: {name}"
+
+
+def discrete_three(n: int) -> torch.Tensor:
+    return torch.full((n,), 3)
+
+
+def test_dict_observations_travel_through_shared_memory():
+    recipe = functools.partial(spaces_envs, action_space=gymnasium.spaces.Discrete(4))
+    with Collector(
+        recipe, SpacesPolicy(discrete_three), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
+        backend="process", num_workers=2, timeout=TIMEOUT,
+    ) as collector:  # fmt: skip
+        batches = list(collector)
+    for batch in batches:
+        obs = batch["obs"]
+        assert isinstance(obs, TensorDict) and obs.batch_size == torch.Size([6, 3])
+        assert obs["image"].dtype == torch.uint8 and obs["bits"].dtype == torch.int8
+        real = batch[batch["mask"]]
+        assert (real["obs", "image"][:, 0, 0, 0].long() % 5 == real["obs", "index"]).all()
+        truncated = batch["truncated"]
+        torch.testing.assert_close(batch["next_value"][truncated], torch.full((int(truncated.sum()),), 8.0))
+    assert not batches[0]["obs", "image"].is_shared()  # delivered batches are copies, not the slots
+
+
+def spaces_envs(num_envs: int, *, action_space: gymnasium.Space) -> SyncVectorEnv:
+    return SyncVectorEnv([functools.partial(SpacesEnv, action_space) for _ in range(num_envs)])
+
+
+def test_batches_are_not_overwritten_by_later_collection():
+    """The slot a batch was copied from is reused prefetch + 1 batches later: the delivered copy keeps its rows."""
+    recipe = functools.partial(make_counting_envs, start_index=0)
+    with Collector(
+        recipe, CountingPolicy(deterministic=True), num_envs=2, num_steps=5, total_timesteps=2 * 5 * 8,
+        device="cpu", backend="process", prefetch=1, timeout=TIMEOUT,
+    ) as collector:  # fmt: skip
+        batches = list(collector)
+        snapshots = [batch.clone() for batch in batches]
+    for batch, snapshot in zip(batches, snapshots):
+        assert (batch == snapshot).all()
+    steps = torch.cat([b["obs"][..., 2] for b in batches])  # steps keep counting across batches
+    assert len(set(map(tuple, torch.cat([b["obs"] for b in batches]).reshape(-1, 4).tolist()))) > 10
+    assert steps.shape == (40, 2)
+
+
+# -- recipes and arguments -------------------------------------------------------------------------
+
+
+def test_bad_recipes_and_arguments_are_named():
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    with pytest.raises(TypeError, match=re.escape("Collector(backend='process'): envs is a live SyncVectorEnv")):
+        Collector(envs, CartPolePolicy(), num_steps=4, backend="process")
+    envs.close()
+    with pytest.raises(TypeError, match=r"Collector: envs=<function .*<lambda>.* cannot be pickled for a worker process"):
+        Collector(lambda n: gymnasium.make_vec("CartPole-v1", n), CartPolePolicy(), num_envs=2, num_steps=4,
+                  backend="process")  # fmt: skip
+
+    class Local(torch.nn.Module):
+        def forward(self, obs):
+            return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+
+    with pytest.raises(TypeError, match=re.escape("Collector: policy=Local() cannot be pickled for a worker process")):
+        Collector("CartPole-v1", Local(), num_envs=2, num_steps=4, backend="process")
+    with pytest.raises(ValueError, match=re.escape("Collector: num_workers=3 is more than num_envs=2")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="process", num_workers=3)
+    with pytest.raises(ValueError, match=re.escape("Collector: num_workers=2 needs backend='process'")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="thread", num_workers=2)
+    with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process'], got 'ray'")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="ray")
+    with pytest.raises(ValueError, match=re.escape("Collector: env_kwargs are passed to gymnasium.make_vec with an env id")):
+        Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
+
+
+def test_auto_chooses_processes_for_a_cpu_policy_with_a_recipe_else_the_thread():
+    with Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, device="cpu") as collector:
+        assert (collector.backend, collector.prefetch) == ("process", 1)
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    with Collector(envs, CartPolePolicy(), num_steps=4, device="cpu") as collector:
+        assert (collector.backend, collector.prefetch) == ("thread", 0)  # lockstep: the GIL is shared
+    with Collector(lambda n: make_counting_envs(n), CountingPolicy(), num_envs=2, num_steps=4, device="cpu") as c:
+        assert c.backend == "thread"  # a lambda cannot reach a worker
+    envs.close()
+
+
+def test_env_kwargs_reach_every_worker():
+    with Collector(
+        FAULTY, ConstantPolicy(), num_envs=4, num_steps=3, env_kwargs={"episode_length": 2}, backend="process",
+        num_workers=2, total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
+    ) as collector:  # fmt: skip
+        batch = torch.cat(list(collector))
+    assert (batch["episode_length"][batch["done"]] == 2).all() and batch["done"].any()
+
+
+def test_env_registered_only_in_the_trainer_is_explained():
+    gymnasium.register("TorchRolloutTrainerOnly-v0", entry_point="reliability_envs:FaultyEnv")
+    with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='TorchRolloutTrainerOnly-v0'")) as info:
+        Collector("TorchRolloutTrainerOnly-v0", ConstantPolicy(), num_envs=2, num_steps=4, backend="process")
+    assert "module:EnvName-v0" in str(info.value)
+
+
+# -- faults ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_env_error_in_a_worker_reaches_next_with_its_traceback(num_workers):
+    snapshot = Snapshot()
+    collector = Collector(
+        FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "step_raises", "at": 7},
+        backend="process", num_workers=num_workers, timeout=TIMEOUT,
+    )  # fmt: skip
+    delivered = 0
+    with pytest.raises(EnvFault, match=re.escape("step 7 of env 0 failed")) as info:
+        for _ in take(collector):
+            delivered += 1
+    assert delivered == 1  # step 7 falls in the second batch
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert re.search(r"in worker 0 \(pid \d+\)", str(cause)) and "in step" in str(cause) and "EnvFault" in str(cause)
+    assert collector.closed
+    with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with EnvFault"):
+        next(collector)
+    assert wait_until(lambda: not workers(), 5.0)
+    del collector, info, cause
+    snapshot.assert_no_leaks()
+
+
+def test_policy_error_in_a_worker_reaches_next():
+    with pytest.raises(PolicyFault, match=re.escape("policy call 6 failed")) as info:
+        with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, backend="process", timeout=TIMEOUT) as c:
+            list(take(c))
+    assert "in forward" in str(info.value.__cause__)
+
+
+def test_error_while_building_envs_is_raised_by_the_constructor():
+    with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
+        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "reset_raises"},
+                  backend="process", timeout=TIMEOUT)  # fmt: skip
+    assert wait_until(lambda: not workers(), 5.0)
+
+
+def test_worker_killed_with_sigkill_is_named():
+    snapshot = Snapshot()
+    collector = Collector(
+        FAULTY, ConstantPolicy(), num_envs=4, num_steps=4, env_kwargs={"fault": "sigkill", "at": 6},
+        backend="process", num_workers=2,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError) as info:
+        for _ in take(collector):
+            start = time.monotonic()
+    assert time.monotonic() - start < 5.0  # noticed at once (the pipe and the process sentinel), not by a timeout
+    message = str(info.value)
+    assert re.search(r"Collector: worker process [01] \(pid \d+, envs [02]\.\.[13]\) was killed by SIGKILL", message)
+    assert wait_until(lambda: not workers(), 5.0)
+    del collector, info
+    snapshot.assert_no_leaks()
+
+
+def test_step_blocking_forever_times_out_and_the_workers_are_terminated():
+    collector = Collector(
+        "torch_rollout_tests/FaultyBlockingAt3-v0", ConstantPolicy(), num_envs=2, num_steps=4, backend="process",
+        timeout=1.0,
+    )  # fmt: skip
+    with pytest.raises(TimeoutError, match=re.escape("no batch within timeout=1.0 s; the env or the policy is stuck")):
+        next(collector)
+    assert collector.closed
+    assert wait_until(lambda: not workers(), 5.0)
+
+
+def test_100_create_iterate_close_cycles_leave_nothing_behind():
+    snapshot = Snapshot()
+    shm = shm_entries()
+    for i in range(100):
+        options = dict(num_envs=2, num_steps=4, backend="process", num_workers=1 + i % 2, timeout=TIMEOUT)
+        if i % 3 == 0:
+            with Collector(FAULTY, ConstantPolicy(), total_timesteps=2 * 4 * 2, **options) as collector:
+                list(collector)
+        elif i % 3 == 1:
+            collector = Collector(FAULTY, ConstantPolicy(), **options)
+            next(collector)
+            collector.close()
+        else:
+            collector = Collector(FAULTY, ConstantPolicy(), **options)
+            next(collector)
+            del collector  # dropped without close()
+    assert wait_until(lambda: not workers(), 10.0)
+    snapshot.assert_no_leaks()
+    assert shm_entries() <= shm
+
+
+# -- the trainer's process: Ctrl-C and SIGKILL ------------------------------------------------------
+
+SCRIPT = """
+import os, signal, sys, time
+sys.path.insert(0, {tests!r})
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector
+
+if __name__ == "__main__":
+    collector = Collector("torch_rollout_tests/Faulty-v0", ConstantPolicy(pause=0.01), num_envs=4, num_steps=16,
+                          backend="process", num_workers=2)
+    with collector:
+        for i, batch in enumerate(collector):
+            if i == 1:
+                print("collecting", flush=True)
+                {action}
+"""
+
+
+def run_trainer(action: str) -> tuple[subprocess.Popen, set[int]]:
+    """Starts a trainer script in its own process group; returns it and its workers once it collects."""
+    script = textwrap.dedent(SCRIPT).format(tests=str(TESTS), action=action)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "collecting\n"
+    return proc, descendants(proc.pid)
+
+
+def test_trainer_killed_with_sigkill_takes_its_workers_and_shared_memory_along():
+    shm = shm_entries()
+    proc, children = run_trainer("time.sleep(600)")
+    assert len(children) >= 3  # the forkserver and two workers at least
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    gone = wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)
+    assert gone, f"still alive 5 s after the trainer was killed: {[p for p in children if os.path.exists(f'/proc/{p}')]}"
+    assert wait_until(lambda: shm_entries() <= shm, 5.0), f"left in /dev/shm: {shm_entries() - shm}"
+
+
+def test_ctrl_c_in_the_trainer_closes_everything():
+    proc, children = run_trainer("time.sleep(600)")
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "Traceback" not in err.split("KeyboardInterrupt")[-1]  # nothing after the interrupt's own report
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)

@@ -1,0 +1,393 @@
+"""The process placement: the collection loop in worker processes, batches and weights in shared memory.
+
+Each of ``K`` workers builds its share of the envs from a picklable recipe and
+runs the same :class:`~torch_rollout._loop.RolloutLoop` as the thread. Only
+small messages travel through the pipes: a request for the next batch, the
+index of the slot it was written to, an error. At set-up a worker sends its
+``prefetch + 1`` batch slots (TensorDicts in shared memory) once; the
+policy's weights are one shared-memory copy that the trainer refreshes in
+place, under one lock per worker, so no forward pass sees two versions and
+workers never wait for one another.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
+from tensordict import TensorDict
+from torch import nn
+
+from torch_rollout._envs import EnvRecipe, autoreset_mode, build_envs, explain_env_error, split_envs
+from torch_rollout._loop import RolloutLoop, Stopped, call_policy
+from torch_rollout._spaces import Obs
+
+__all__ = ["ProcessPlacement", "RemoteTraceback"]
+
+# Slots of the control block shared with the workers (an int64 tensor).
+_VERSION, _TRAINING, _STOP = 0, 1, 2
+# How long close() waits for a worker to exit by itself before it is terminated.
+_EXIT_WAIT = 5.0
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in a worker process (set as its ``__cause__``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    # forkserver: workers fork from a clean single-threaded server that imported torch once, so a
+    # start costs milliseconds and never inherits the trainer's threads or locks (as fork would).
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch_rollout._process"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+class ProcessPlacement:
+    """Runs the collection loop in ``num_workers`` processes; envs in global order in every batch.
+
+    Args:
+        recipe: env id or ``make_envs(num_envs[, start_index])``, pickled to each worker.
+        shared_policy: the acting copy, already in shared memory (its tensors are refreshed in place).
+        num_envs: envs in all (``N``), split into contiguous shares.
+        num_workers: worker processes (``K``).
+        prefetch: batches a worker may collect ahead; it keeps ``prefetch + 1`` slots.
+        device: where batches are delivered (and where workers run the policy).
+        seed: env ``j`` is seeded ``seed + j``.
+        env_kwargs: for an env id.
+        loop_kwargs: ``num_steps``, ``check_finite``.
+    """
+
+    name = "process"
+
+    def __init__(
+        self,
+        recipe: EnvRecipe,
+        shared_policy: nn.Module,
+        *,
+        num_envs: int,
+        num_workers: int,
+        prefetch: int,
+        device: torch.device,
+        seed: int | None,
+        env_kwargs: Mapping[str, Any] | None,
+        startup_timeout: float | None,
+        **loop_kwargs: Any,
+    ) -> None:
+        ctx = _context()
+        self.device = device
+        self.num_workers = num_workers
+        self.control = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self.control[_TRAINING] = int(shared_policy.training)
+        self.locks = [ctx.Lock() for _ in range(num_workers)]
+        self.slots: list[list[TensorDict] | None] = [None] * num_workers
+        self.conns: list[multiprocessing.connection.Connection] = []
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.closed = False
+        self.shares = split_envs(num_envs, num_workers)
+        try:
+            for index, (start, count) in enumerate(self.shares):
+                parent_end, child_end = ctx.Pipe()
+                process = ctx.Process(
+                    target=_worker_main,
+                    name=f"torch_rollout-worker-{index}",
+                    args=(
+                        index, child_end, recipe, env_kwargs, count, start, shared_policy, self.locks[index],
+                        self.control, device, None if seed is None else seed + start, prefetch + 1, loop_kwargs,
+                    ),
+                )  # fmt: skip
+                process.start()
+                child_end.close()
+                self.conns.append(parent_end)
+                self.processes.append(process)
+            # Each worker reports its envs once they are built and reset (or the error that stopped it).
+            deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
+            infos = self._gather("ready", deadline)
+        except BaseException:
+            self.close(0.0)
+            raise
+        self.info = infos[0]
+        self.num_envs = num_envs
+        modes = {info["autoreset_mode"] for info in infos}
+        if len(modes) > 1:
+            self.close(0.0)
+            raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")
+
+    def start(self) -> None:
+        pass  # the workers started in __init__: their envs had to exist before the Collector did
+
+    # -- weights -------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return int(self.control[_VERSION])
+
+    @contextmanager
+    def locked(self) -> Any:
+        """Holds every worker's weights lock: no worker is inside a forward pass meanwhile."""
+        with ExitStack() as stack:
+            for lock in self.locks:
+                stack.enter_context(lock)
+            yield
+
+    def bump_version(self, training: bool) -> None:
+        self.control[_TRAINING] = int(training)
+        self.control[_VERSION] += 1
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def request(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:  # a worker that died: receive() reports why
+                pass
+
+    def receive(self, deadline: float | None) -> tuple[TensorDict | None, BaseException | None]:
+        """The next ``[T, N]`` batch on ``device``, or the error of a worker; ``(None, None)`` past ``deadline``."""
+        try:
+            indices = self._gather("batch", deadline)
+        except TimeoutError:
+            return None, None
+        except BaseException as exc:
+            return None, exc
+        parts = [self.slots[k][i] for k, i in enumerate(indices)]
+        if len(parts) == 1:
+            # A copy, so that the slot can be refilled: the worker may reuse it prefetch + 1 batches later.
+            batch = parts[0].to(self.device) if self.device.type != "cpu" else parts[0].clone()
+        else:
+            batch = torch.cat(parts, dim=1).to(self.device)
+        return batch, None
+
+    def _gather(self, kind: str, deadline: float | None) -> list[Any]:
+        """One message of ``kind`` from every worker, in worker order; raises a worker's error or death."""
+        pending = dict(enumerate(self.conns))
+        got: dict[int, Any] = {}
+        sentinels = {p.sentinel: k for k, p in enumerate(self.processes)}
+        while pending:
+            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            ready = multiprocessing.connection.wait([*pending.values(), *sentinels], timeout)
+            for k, conn in list(pending.items()):
+                if conn in ready or conn.poll():
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        raise self._death(k) from None
+                    got[k] = self._unpack(k, kind, message)
+                    del pending[k]
+            for sentinel in ready:
+                k = sentinels.get(sentinel)
+                if k is not None and k in pending and not self.conns[k].poll():
+                    raise self._death(k)
+            if pending and deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+        return [got[k] for k in range(self.num_workers)]
+
+    def _unpack(self, k: int, kind: str, message: tuple) -> Any:
+        tag, payload = message[0], message[1:]
+        if tag == "error":
+            exc, text = payload
+            cause = RemoteTraceback(f'\n"""\nin worker {k} (pid {self.processes[k].pid}):\n{text}"""')
+            exc.__cause__ = cause
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(raised in torch_rollout worker process {k}, pid {self.processes[k].pid})")
+            raise exc
+        if tag == "ready":
+            return payload[0]
+        index, slots = payload
+        if slots is not None:
+            self.slots[k] = slots
+            # The slots' file descriptors came from the worker's resource sharer: it may go on now.
+            try:
+                self.conns[k].send("ack")
+            except OSError:  # it died meanwhile: its next message is the end of its pipe
+                pass
+        return index
+
+    def _death(self, k: int) -> RuntimeError:
+        process = self.processes[k]
+        process.join(2.0)  # the pipe reports EOF a moment before the dead process can be reaped
+        code = process.exitcode
+        if code is None:
+            cause = "closed its pipe"
+        elif code < 0:
+            cause = f"was killed by {signal.Signals(-code).name}"
+        else:
+            cause = f"exited with code {code}"
+        start, count = self.shares[k]
+        return RuntimeError(
+            f"Collector: worker process {k} (pid {process.pid}, envs {start}..{start + count - 1}) {cause} "
+            "while collecting; the collector is closed and its other workers are stopped"
+        )
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, join_timeout: float) -> bool:
+        """Stops every worker: asks, waits up to ``join_timeout`` (at most 5 s), then terminates. Always True."""
+        if self.closed:
+            return True
+        self.closed = True
+        self.control[_STOP] = 1  # a worker inside a batch stops at its next step
+        for conn in self.conns:
+            try:
+                conn.send("stop")
+            except (OSError, ValueError):  # its worker is gone already
+                pass
+        deadline = time.monotonic() + min(join_timeout, _EXIT_WAIT)
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.exitcode is None:
+                process.terminate()
+        for process in self.processes:
+            process.join(2.0)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for conn in self.conns:
+            conn.close()
+        for process in self.processes:
+            process.close()
+        # Named semaphores live in /dev/shm until their Lock is dropped: not as long as a closed collector.
+        self.locks = []
+        self.slots = [None] * self.num_workers
+        return True
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def _worker_main(
+    index: int,
+    conn: multiprocessing.connection.Connection,
+    recipe: EnvRecipe,
+    env_kwargs: Mapping[str, Any] | None,
+    num_envs: int,
+    start_index: int,
+    policy: nn.Module,
+    lock: Any,
+    control: torch.Tensor,
+    device: torch.device,
+    seed: int | None,
+    num_slots: int,
+    loop_kwargs: dict[str, Any],
+) -> None:
+    # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)  # K workers and the trainer share the cores; a team per process would spin
+    _watch_parent()
+    ctrl = control.numpy()
+    envs = None
+    try:
+        with torch.no_grad():
+            envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
+            forward = _WorkerForward(policy, lock, ctrl, device)
+            loop = RolloutLoop(
+                envs, forward, device=device, storage_device=torch.device("cpu"), seed=seed,
+                autoreset_mode=autoreset_mode(envs), stop=lambda: bool(ctrl[_STOP]), env_offset=start_index,
+                **loop_kwargs,
+            )  # fmt: skip
+            loop.reset()
+            conn.send(("ready", {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs)}))
+            slots: list[TensorDict] = []
+            credits = 0  # requests that arrived while the worker waited for the parent to map its slots
+            produced = 0
+            while True:
+                if credits:
+                    credits -= 1
+                elif conn.recv() is not None:  # "stop"
+                    break
+                i = produced % num_slots
+                if slots:
+                    loop.collect(slots[i])
+                    conn.send(("batch", i, None))
+                else:
+                    # The first batch tells the policy's outputs: allocate every slot like it, once. Their
+                    # file descriptors are served by this process until the parent acknowledges them.
+                    first = loop.collect().share_memory_()
+                    slots = [first] + [first.clone().share_memory_() for _ in range(num_slots - 1)]
+                    conn.send(("batch", i, slots))
+                    while (message := conn.recv()) != "ack":
+                        if message is not None:
+                            return
+                        credits += 1
+                produced += 1
+    except (Stopped, EOFError, BrokenPipeError):
+        pass
+    except BaseException as exc:
+        if not ctrl[_STOP]:
+            if envs is not None:
+                exc = explain_env_error(envs, exc)
+            _send_error(conn, exc)
+    finally:
+        if envs is not None:
+            try:
+                envs.close()
+            except Exception:
+                pass
+
+
+class _WorkerForward:
+    """The worker's policy call: under its weights lock, with the version the trainer last published."""
+
+    def __init__(self, shared: nn.Module, lock: Any, ctrl: Any, device: torch.device) -> None:
+        self.shared = shared
+        self.lock = lock
+        self.ctrl = ctrl
+        self.device = device
+        # On the CPU the worker runs the shared copy itself; elsewhere a copy on its device,
+        # refreshed from the shared one whenever the version changes.
+        self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device)
+        self.seen = -1
+
+    def __call__(self, obs: Obs) -> tuple[Any, int]:
+        with self.lock:
+            version = int(self.ctrl[_VERSION])
+            if version != self.seen:
+                if self.runner is not self.shared:
+                    for dst, src in zip(self.runner.state_dict().values(), self.shared.state_dict().values()):
+                        dst.copy_(src)
+                self.runner.train(bool(self.ctrl[_TRAINING]))
+                self.seen = version
+            return call_policy(self.runner, obs), version
+
+
+def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        conn.send(("error", exc, text))
+    except Exception:  # an exception that cannot be pickled: its type name and message still travel
+        conn.send(("error", RuntimeError(f"{type(exc).__qualname__}: {exc}"), text))
+
+
+def _watch_parent() -> None:
+    """Exits this worker as soon as the trainer's process is gone, even inside a long env step."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)  # the envs' own worker processes see their pipes close and exit too
+
+    threading.Thread(target=watch, name="torch_rollout-parent-watch", daemon=True).start()
+

@@ -1,0 +1,137 @@
+"""The thread placement: the collection loop on a daemon thread of the trainer's process."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+from gymnasium.vector import VectorEnv
+from tensordict import TensorDict
+from torch import nn
+
+from torch_rollout._envs import explain_env_error
+from torch_rollout._loop import RolloutLoop, Stopped, call_policy
+from torch_rollout._spaces import Obs
+
+__all__ = ["ThreadPlacement"]
+
+
+class ThreadPlacement:
+    """Runs a :class:`RolloutLoop` on a daemon thread; right for GPU policies and envs that step outside the GIL.
+
+    The placement holds no reference to the ``Collector`` so that dropping the
+    collector lets it be garbage collected (and closed). The consumer talks to
+    it through ``request()`` (one token per batch), ``receive()`` and
+    ``stop``. Both queues are C-level ``SimpleQueue``: a KeyboardInterrupt
+    landing in the consumer's ``put`` cannot leave a lock held, as it can
+    inside ``threading.Semaphore.release`` (and then ``close()`` would
+    deadlock). ``lock`` guards the policy's weights: every forward pass and
+    every weight refresh holds it, so no forward sees two weight versions.
+    ``abandon()`` hands the closing of owned envs to the thread when the
+    consumer cannot wait for it to stop.
+    """
+
+    name = "thread"
+    lock: threading.Lock
+    version: int
+    thread: threading.Thread
+
+    def __init__(self, envs: VectorEnv, runner: nn.Module, *, own_copy: bool, owns_envs: bool, **loop_kwargs: Any):
+        self.envs = envs
+        self.runner = runner
+        self.own_copy = own_copy  # runner is the collector's copy, not the user's module
+        self.owns_envs = owns_envs
+        self.lock = threading.Lock()
+        self.version = 0
+        self.stop = threading.Event()
+        self.loop = RolloutLoop(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
+        self.num_envs = envs.num_envs
+        self._credits: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="torch_rollout-collector", daemon=True)
+        # Whoever of the thread (on exit) and the consumer (in abandon) comes last closes owned envs.
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._abandoned = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def forward(self, obs: Obs) -> tuple[Any, int]:
+        with self.lock:
+            return call_policy(self.runner, obs), self.version
+
+    def locked(self) -> threading.Lock:
+        """Held while weights are copied: no forward runs meanwhile."""
+        return self.lock
+
+    def bump_version(self, training: bool) -> None:
+        """Called with ``locked()`` held, after the weights were copied."""
+        if self.own_copy:
+            self.runner.train(training)
+        self.version += 1
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def request(self) -> None:
+        self._credits.put(None)
+
+    def receive(self, deadline: float | None) -> tuple[TensorDict | None, BaseException | None]:
+        """The next batch or error; ``(None, None)`` when ``deadline`` (monotonic) passes first."""
+        while True:
+            try:
+                # A short poll so that a thread that died without a word is noticed.
+                return self._results.get(timeout=0.25)
+            except queue.Empty:
+                pass
+            if not self.thread.is_alive() and self._results.empty():
+                return None, RuntimeError("Collector: the background thread exited without producing a batch")
+            if deadline is not None and time.monotonic() > deadline:
+                return None, None
+
+    def _run(self) -> None:
+        try:
+            with torch.no_grad():
+                self.loop.reset()
+                while True:
+                    self._credits.get()
+                    if self.stop.is_set():
+                        return
+                    self._results.put((self.loop.collect(), None))
+        except Stopped:
+            pass
+        except BaseException as exc:  # every failure reaches the consumer, KeyboardInterrupt included
+            if not self.stop.is_set():  # else nobody reads it, and the envs are their owner's again
+                exc = explain_env_error(self.envs, exc)
+            self._results.put((None, exc))
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                close_envs = self._abandoned and self.owns_envs
+            if close_envs:
+                self.envs.close()
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, join_timeout: float) -> bool:
+        """Stops the thread; True if it stopped (the caller then closes owned envs), else it is left as a daemon.
+
+        A thread still stuck in an env or policy call closes the envs it owns
+        itself once that call returns.
+        """
+        self.stop.set()
+        self._credits.put(None)  # wakes a thread waiting for the next request
+        # Garbage collection can run __del__ on the collector's own thread, which cannot join itself.
+        if threading.current_thread() is not self.thread:
+            self.thread.join(join_timeout)
+        with self._exit_lock:
+            self._abandoned = not self._exited
+            stopped = self._exited
+        if stopped and self.owns_envs:
+            self.envs.close()
+        return stopped
