@@ -1,8 +1,9 @@
 """PPO on top of torch_rollout: one file, read top to bottom.
 
 Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
-The collector steps the envs and runs the policy in a background thread, so the next
-batch is being collected while this script updates the agent on the current one.
+The collector steps the envs and runs the policy in worker processes (or a background
+thread), so the next batch is being collected while this script updates the agent on the
+current one.
 
 Usage::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -64,7 +66,9 @@ class Config:
 
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
-    prefetch: int = 1  # batches collected ahead in the background; 0: collect in lockstep
+    backend: str = "auto"  # where collection runs: "process" (workers), "thread", or "auto" (processes for a CPU agent)
+    num_workers: int = 1  # worker processes with backend=process; each steps num_envs / num_workers envs
+    prefetch: int | None = None  # batches collected ahead of training; 0: lockstep; None: the collector's default
     learning_rate: float = 2.5e-4  # Adam step size at the start
     anneal_lr: bool = True  # decay the learning rate linearly to 0 over the run
     adam_eps: float = 1e-5  # Adam's epsilon
@@ -297,9 +301,19 @@ def train(cfg: Config) -> float:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
-    envs = make_envs(cfg, cfg.num_envs)
-    raw_returns = find_wrapper(envs, gym.wrappers.vector.RecordEpisodeStatistics)
-    agent = Agent(envs.single_observation_space, envs.single_action_space, cfg).to(device)
+    if cfg.backend != "thread" and (cfg.normalize_obs or cfg.normalize_reward):
+        # until env infos travel with the batch, the raw returns and the observation statistics
+        # are read from the wrappers, which must then live in this process
+        raise ConfigError(f"normalize_obs and normalize_reward need backend=thread, got backend={cfg.backend}")
+    if cfg.backend == "thread":
+        envs = make_envs(cfg, cfg.num_envs)
+        spaces = envs
+    else:  # each worker builds its share of the envs from this picklable recipe
+        envs = functools.partial(make_envs, cfg)
+        spaces = make_envs(cfg, 1)
+        spaces.close()
+    raw_returns = find_wrapper(envs, gym.wrappers.vector.RecordEpisodeStatistics) if cfg.backend == "thread" else None
+    agent = Agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     # the collector thread samples actions from torch's global generator; shuffling
     # minibatches from a generator of our own keeps that stream in a fixed order
@@ -312,8 +326,9 @@ def train(cfg: Config) -> float:
     logger = Logger(run_dir, LOG_FIELDS)
     progress = tqdm(total=num_iterations * batch_steps, unit="step", mininterval=1 if sys.stderr.isatty() else 30)
     collector = Collector(
-        envs, agent, num_steps=cfg.num_steps, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, device=device,
-        total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
+        envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+        device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
+        backend=cfg.backend, num_workers=cfg.num_workers,
     )  # fmt: skip
     with collector:
         for iteration, batch in enumerate(collector, start=1):  # batch: TensorDict [T, N]
@@ -351,9 +366,10 @@ def train(cfg: Config) -> float:
             progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
     progress.close()
     logger.close()
-    envs.close()
+    if cfg.backend == "thread":
+        envs.close()
 
-    obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
+    obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation) if cfg.backend == "thread" else None
     torch.save(
         {
             "config": dataclasses.asdict(cfg),
