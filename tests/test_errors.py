@@ -81,7 +81,7 @@ def test_bad_envs_and_policy_arguments():
         Collector("NoSuchEnv-v0", CountingPolicy(), num_envs=2, num_steps=4)
     with pytest.raises(ValueError, match=re.escape("Collector: num_envs is required with an env id or a function (envs='CartPole-v1')")):
         Collector("CartPole-v1", CountingPolicy(), num_steps=4)
-    with pytest.raises(TypeError, match=re.escape("Collector: envs must be a gymnasium.vector.VectorEnv or an env id str, got CountingEnv (wrap a single env")):
+    with pytest.raises(TypeError, match=re.escape("Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function make_envs(num_envs) -> VectorEnv, got CountingEnv (wrap a single env")):
         Collector(CountingEnv(), CountingPolicy(), num_steps=4)
     envs = make_counting_envs(2)
     with pytest.raises(TypeError, match=re.escape("Collector: policy must be a torch.nn.Module, got function")):
@@ -180,10 +180,10 @@ def test_env_error_reaches_consumer_with_traceback(prefetch):
             batches.append(batch)
     assert info.value.code == 42  # the very exception object, not a re-wrapped one
     frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
-    assert "step" in frames and "_collect" in frames
+    assert "step" in frames and "collect" in frames
     assert len(batches) == 1  # the first 4 steps arrived before the failure
     assert collector.closed and collector.envs.closed
-    assert not collector._worker.thread.is_alive()
+    assert not collector._placement.thread.is_alive()
     with pytest.raises(RuntimeError, match=re.escape("Collector: cannot iterate after the background collection failed with EnvFailure: env broke with code 42")):
         next(collector)
 

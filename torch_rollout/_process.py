@@ -139,7 +139,7 @@ class ProcessPlacement:
 
     @property
     def version(self) -> int:
-        return int(self.control[_VERSION])
+        return int(self.control[_VERSION]) if self.control is not None else self.final_version
 
     @contextmanager
     def locked(self) -> Any:
@@ -150,6 +150,8 @@ class ProcessPlacement:
             yield
 
     def bump_version(self, training: bool) -> None:
+        if self.control is None:  # closed
+            return
         self.control[_TRAINING] = int(training)
         self.control[_VERSION] += 1
 
@@ -267,7 +269,10 @@ class ProcessPlacement:
             conn.close()
         for process in self.processes:
             process.close()
-        # Named semaphores live in /dev/shm until their Lock is dropped: not as long as a closed collector.
+        # Shared memory (file descriptors) and named semaphores (/dev/shm) live until their objects are
+        # dropped: not as long as a closed collector that the trainer still holds.
+        self.final_version = int(self.control[_VERSION])
+        self.control = None
         self.locks = []
         self.slots = [None] * self.num_workers
         return True

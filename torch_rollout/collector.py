@@ -392,6 +392,8 @@ class Collector:
             return
         self.closed = True
         placement = self._placement
+        if placement.name == "process":
+            self._weight_pairs = []  # the shared-memory copy goes with the workers
         on_own_thread = threading.current_thread() is getattr(placement, "thread", None)
         if not placement.close(join_timeout) and join_timeout > 0 and not on_own_thread:
             warnings.warn(
