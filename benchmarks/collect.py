@@ -12,6 +12,12 @@ floor steps. rlox's native path steps its own Rust CartPole. One more
 torch_rollout row passes the env id, for which ``gymnasium.make_vec`` builds the
 NumPy-vectorised ``CartPoleVectorEnv``: a different, faster env, shown apart.
 
+torch_rollout runs in both of its placements: ``backend="thread"`` on the live
+``SyncVectorEnv`` (prefetch 0 and 1), and ``backend="process"`` with K = 1 or 2
+worker processes (prefetch 1), each building its share of the same
+``SyncVectorEnv`` from the picklable recipe
+``functools.partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")``.
+
 Usage::
 
     benchmarks/.venv/bin/python benchmarks/collect.py [--quick] [--repeats R] [--num-envs 8 64]
@@ -20,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -41,11 +48,14 @@ from _common import (
     write_json,
 )
 
-__all__ = ["run", "REFERENCE"]
+__all__ = ["run", "REFERENCE", "sync_recipe"]
 
 ENV_ID = "CartPole-v1"
 GAMMA, GAE_LAMBDA = 0.99, 0.95
-REFERENCE = "torch_rollout Collector (prefetch=1)"
+REFERENCE = "torch_rollout thread (prefetch=1)"
+LOCKSTEP = "torch_rollout thread (prefetch=0)"
+PROCESS_K1 = "torch_rollout process K=1 (prefetch=1)"
+PROCESS_K2 = "torch_rollout process K=2 (prefetch=1)"
 
 
 def _has(module: str) -> bool:
@@ -63,9 +73,16 @@ def _policy(state: dict[str, torch.Tensor], seed: int) -> ActorCritic:
 # ------------------------------------------------------------------------------ systems
 
 
+def sync_recipe(env_id: str = ENV_ID) -> functools.partial:
+    """``make_envs(num_envs)`` for worker processes: the same ``SyncVectorEnv`` the thread rows step."""
+    return functools.partial(gym.make_vec, env_id, vectorization_mode="sync")
+
+
 class TorchRollout:
     """torch_rollout's Collector on a gymnasium ``SyncVectorEnv`` (NEXT_STEP unless ``autoreset_mode`` says otherwise).
 
+    ``backend="thread"`` gets the live vector env; ``backend="process"`` gets
+    :func:`sync_recipe` and ``num_workers`` processes each build their share of it.
     With ``env_id_only`` the Collector gets the env id and builds the env itself with
     ``gymnasium.make_vec``'s default, which for CartPole is gymnasium's NumPy-vectorised
     ``CartPoleVectorEnv``, not a ``SyncVectorEnv``.
@@ -73,18 +90,27 @@ class TorchRollout:
 
     def __init__(
         self, num_envs: int, num_steps: int, seed: int, state: dict, *, prefetch: int, env_id: str = ENV_ID,
-        autoreset_mode: gym.vector.AutoresetMode | None = None, env_id_only: bool = False,
+        autoreset_mode: gym.vector.AutoresetMode | None = None, env_id_only: bool = False, backend: str = "thread",
+        num_workers: int = 1,
     ) -> None:  # fmt: skip
         from torch_rollout import Collector
 
         self.envs = None
-        if not env_id_only:
+        if env_id_only:
+            envs: Any = env_id
+        elif backend == "process":
+            if autoreset_mode is not None:
+                raise ValueError("TorchRollout: autoreset_mode is only set for backend='thread'")
+            envs = sync_recipe(env_id)
+        else:
             vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
-            self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
+            self.envs = envs = gym.make_vec(
+                env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs
+            )
         self.collector = Collector(
-            self.envs if self.envs is not None else env_id, _policy(state, seed), num_steps=num_steps,
-            num_envs=None if self.envs is not None else num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu",
-            prefetch=prefetch, seed=seed,
+            envs, _policy(state, seed), num_steps=num_steps, num_envs=None if self.envs is not None else num_envs,
+            gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu", prefetch=prefetch, seed=seed, backend=backend,
+            num_workers=num_workers,
         )  # fmt: skip
         self.batches = iter(self.collector)
 
@@ -338,9 +364,12 @@ def systems(
     args = (num_envs, num_steps, seed, state)
     factories: dict[str, Callable[[], Session]] = {
         REFERENCE: lambda: TorchRollout(*args, prefetch=1),
-        "torch_rollout Collector (prefetch=0)": lambda: TorchRollout(*args, prefetch=0),
-        # what Collector("CartPole-v1", ...) gets by default: another env implementation
-        "torch_rollout Collector (prefetch=1), env id: CartPoleVectorEnv": lambda: TorchRollout(
+        LOCKSTEP: lambda: TorchRollout(*args, prefetch=0),
+        # worker processes, each stepping its share of the same SyncVectorEnv
+        PROCESS_K1: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=1),
+        PROCESS_K2: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=2),
+        # what Collector("CartPole-v1", ...) builds from an env id: another env implementation
+        "torch_rollout thread (prefetch=1), env id: CartPoleVectorEnv": lambda: TorchRollout(
             *args, prefetch=1, env_id_only=True
         ),
     }
@@ -424,11 +453,29 @@ def to_markdown(results: dict[str, Any]) -> str:
         ]
         title = f"Collection, CartPole-v1, T={results['config']['T']} x N={table['num_envs']}, GAE included"
         parts.append(f"**{title}** (transitions/s, median of {results['config']['repeats']})\n\n")
-        parts.append(markdown_table(["system", "median", "range", "vs torch_rollout"], rows))
+        parts.append(markdown_table(["system", "median", "range", "vs thread, prefetch=1"], rows))
+        verdict = process_verdict(table)
+        if verdict:
+            parts.append(f"\n\n{verdict}")
         for note in table["notes"]:
             parts.append(f"\n\n_{note}_")
         parts.append("\n\n")
     return "".join(parts).rstrip() + "\n"
+
+
+def process_verdict(table: dict[str, Any]) -> str:
+    """One line: the process rows against both thread rows (issue 8's bar: process K=1 at least as fast)."""
+    med = {r["system"]: r["median"] for r in table["rows"]}
+    threads = [name for name in (LOCKSTEP, REFERENCE) if name in med]
+    if PROCESS_K1 not in med or not threads:
+        return ""
+    parts = []
+    for name in (PROCESS_K1, PROCESS_K2):
+        if name in med:
+            vs = ", ".join(f"{med[name] / med[t]:.2f}x thread prefetch={t[-2]}" for t in threads)
+            parts.append(f"{name.split(' (')[0].removeprefix('torch_rollout process ')}: {vs}")
+    met = all(med[PROCESS_K1] >= med[t] for t in threads)
+    return f"Process backend vs thread: {'; '.join(parts)} (bar: K=1 >= 1.00x both, {'met' if met else 'not met'})."
 
 
 def main() -> None:

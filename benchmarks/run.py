@@ -21,6 +21,7 @@ from typing import Any
 import collect
 import gae
 import ppo
+import threads
 import truncation
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, quiet_warnings, write_json
 
@@ -45,7 +46,7 @@ def _machine_line(info: dict[str, Any]) -> str:
     gpu = f", GPU: {info['cuda']}" if info.get("cuda") else ", no GPU"
     return (
         f"Machine: {info['cpu_model']}, {info['cores']} cores{gpu}{load}; Python {info['python']}, "
-        f"torch {info['torch']} with 1 intra-op thread; {peers}."
+        f"torch {info['torch']} with 1 intra-op thread (except in the thread-settings table); {peers}."
     )
 
 
@@ -65,11 +66,14 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
         "How: every system runs the same 64x64 tanh actor-critic (same weights in the collection benchmark) "
         "with the same env seeds on the CPU; systems are interleaved (A B C A B C ...) over the repeats, each "
         "repeat builds the system afresh and warms it up before the clock starts, and the tables give medians, "
-        "the range over repeats and the ratio to torch_rollout (> 1: faster than torch_rollout). "
+        "the range over repeats and the ratio to a reference row (> 1: faster than it; in the collection "
+        "tables torch_rollout's thread backend with prefetch 1). "
         "Collection counts real transitions: rows that only reset an env (gymnasium's NEXT_STEP autoreset) "
         "are not counted. Each collector computes GAE its own way as part of the work. The gymnasium-based "
         "systems step the same CartPole-v1 `SyncVectorEnv` (SB3 its equivalent `DummyVecEnv`); rlox native "
-        "steps its own Rust CartPole; the `env id` row is torch_rollout given the env id, for which "
+        "steps its own Rust CartPole; torch_rollout's `process` rows are K worker processes, each building its "
+        'share of the same `SyncVectorEnv` from `functools.partial(gymnasium.make_vec, "CartPole-v1", '
+        'vectorization_mode="sync")`; the `env id` row is torch_rollout\'s thread given the env id, for which '
         "`gymnasium.make_vec` builds the NumPy-vectorised `CartPoleVectorEnv`. "
         "The floors bound any collector on the SyncVectorEnv and this policy: the env stepped alone with "
         "pre-drawn actions, and the policy forward alone; the `ref:` rows step other CartPole implementations.",
@@ -87,12 +91,31 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
             "before the clock starts. `max abs err` is against a float64 reference of the exact formula.",
             "",
         ]
+    if "threads" in results:
+        parts += [
+            threads.to_markdown(results["threads"]),
+            "Each setting runs in a fresh process without `OMP_NUM_THREADS`, after the main thread ran five "
+            "forward and backward passes of a 64x64 MLP (so its intra-op thread team exists); processes alternate "
+            "between the settings. The bar (issue 8): leaving torch's default costs at most 5% (>= 0.95x).",
+            "",
+        ]
     if "ppo" in results:
         parts += [
             ppo.to_markdown(results["ppo"]),
-            "Same hyperparameters for all (8 envs x 128 steps, 4 epochs, minibatch 256, 64x64 tanh MLPs, Adam "
-            "2.5e-4 annealed, clipped value loss); each run is a fresh process; steady state = from the end of the "
-            "first iteration to the end of the last. rlox steps its own Rust CartPole, the others gymnasium's.",
+            "`examples/ppo.py` runs in each collector mode: `backend=thread` with `prefetch=0` (lockstep, the "
+            "reference of `vs lockstep`) or `prefetch=1`, and `backend=process` with `num_workers` K = 1 or 2 "
+            "(prefetch 1). CleanRL's hyperparameters are the same for all in the first table (8 envs x 128 steps, 4 "
+            "epochs, minibatch 256, 64x64 tanh MLPs, Adam 2.5e-4 annealed, clipped value loss); the second runs "
+            "`configs/ppo_cartpole.yaml` as `make run` does (only `total_timesteps` set; `backend=auto`, which "
+            "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
+            "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
+            "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
+            "and reward normalisation in every row, which the process backend cannot run yet. Each run is a fresh "
+            "process; steady state = from the end of the first iteration to the end of the last; `policy lag`: the "
+            "mean over iterations of the example's `charts/policy_lag` (versions between the weights that collected "
+            "a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust CartPole, "
+            "the others gymnasium's. The bars (issue 8): the best mode >= 1.5x lockstep and >= 2.5x SB3 with the "
+            "same hyperparameters.",
             "",
         ]
     if "truncation" in results:
@@ -124,15 +147,19 @@ def update_readme(section: str, readme: Path = README) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run under a minute; leaves README.md alone")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~4 min); leaves README.md alone")
     parser.add_argument(
-        "--only", nargs="+", choices=["collect", "gae", "truncation", "ppo"], default=None, help="run only these parts"
+        "--only",
+        nargs="+",
+        choices=["collect", "gae", "truncation", "threads", "ppo"],
+        default=None,
+        help="run only these parts",
     )
     parser.add_argument("--repeats", type=int, default=None, help="override the repeats of every part")
     parser.add_argument("--no-readme", action="store_true", help="write results/performance.md, not README.md")
     args = parser.parse_args(argv)
     quiet_warnings()
-    parts = args.only or ["collect", "gae", "truncation", "ppo"]
+    parts = args.only or ["collect", "gae", "truncation", "threads", "ppo"]
     info = machine_info()
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -144,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             results[part] = gae.run(quick=args.quick, repeats=args.repeats)
         elif part == "truncation":
             results[part] = truncation.run(quick=args.quick)
+        elif part == "threads":
+            results[part] = threads.run(quick=args.quick, repeats=args.repeats)
         elif part == "ppo":
             results[part] = ppo.run(quick=args.quick, repeats=args.repeats)
         print(f"[{part} took {time.perf_counter() - part_start:.1f} s]", flush=True)
