@@ -357,3 +357,20 @@ def test_ctrl_c_in_the_trainer_closes_everything():
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert "Traceback" not in err.split("KeyboardInterrupt")[-1]  # nothing after the interrupt's own report
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)
+
+
+def test_script_without_main_guard_is_explained(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from reliability_envs import ConstantPolicy
+        from torch_rollout import Collector
+
+        collector = Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=4, device="cpu")
+        next(collector)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "before its envs were built" in proc.stderr
+    assert """must sit under 'if __name__ == "__main__":' (or pass backend='thread')""" in proc.stderr

@@ -193,13 +193,13 @@ class ProcessPlacement:
                     try:
                         message = conn.recv()
                     except (EOFError, OSError):
-                        raise self._death(k) from None
+                        raise self._death(k, kind) from None
                     got[k] = self._unpack(k, kind, message)
                     del pending[k]
             for sentinel in ready:
                 k = sentinels.get(sentinel)
                 if k is not None and k in pending and not self.conns[k].poll():
-                    raise self._death(k)
+                    raise self._death(k, kind)
             if pending and deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
         return [got[k] for k in range(self.num_workers)]
@@ -225,7 +225,7 @@ class ProcessPlacement:
                 pass
         return index
 
-    def _death(self, k: int) -> RuntimeError:
+    def _death(self, k: int, kind: str) -> RuntimeError:
         process = self.processes[k]
         process.join(2.0)  # the pipe reports EOF a moment before the dead process can be reaped
         code = process.exitcode
@@ -236,6 +236,14 @@ class ProcessPlacement:
         else:
             cause = f"exited with code {code}"
         start, count = self.shares[k]
+        if kind == "ready":
+            # It died before running any of our code: most often while re-importing the trainer's script.
+            return RuntimeError(
+                f"Collector: worker process {k} (pid {process.pid}, envs {start}..{start + count - 1}) {cause} "
+                "before its envs were built; its traceback is on stderr. Worker processes import the trainer's "
+                "__main__ script again: the code that creates the Collector must sit under "
+                "'if __name__ == \"__main__\":' (or pass backend='thread')"
+            )
         return RuntimeError(
             f"Collector: worker process {k} (pid {process.pid}, envs {start}..{start + count - 1}) {cause} "
             "while collecting; the collector is closed and its other workers are stopped"
