@@ -27,7 +27,7 @@ from counting_env import CountingPolicy, make_counting_envs
 from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
 from test_collector import SpacesEnv, SpacesPolicy
 from torch_rollout import Collector
-from torch_rollout._process import RemoteTraceback
+from torch_rollout._envs import RemoteTraceback
 
 TIMEOUT = 60.0
 TESTS = Path(__file__).resolve().parent

@@ -114,7 +114,7 @@ def test_sub_env_observation_of_wrong_shape_sync():
 
 @ASYNC_ERROR_LOG
 def test_sub_env_observation_of_wrong_shape_async():
-    # Raised in the worker process, re-raised by gymnasium: its text already names both shapes.
+    # Raised in the AsyncVectorEnv worker, re-raised by gymnasium: the collector names the env, keeping its text.
     info = collect_error(AsyncVectorEnv(faulty_fns(3, 1, fault="obs_shape", at=3)))
     assert "could not broadcast input array from shape (4,) into shape (3,)" in str(info.value)
 

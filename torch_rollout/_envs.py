@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import re
 import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 import gymnasium
-from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 
 from torch_rollout._spaces import describe_bad_single_obs
 
-__all__ = ["EnvRecipe", "autoreset_mode", "build_envs", "check_picklable", "explain_env_error", "split_envs"]
+__all__ = [
+    "EnvRecipe",
+    "RemoteTraceback",
+    "autoreset_mode",
+    "build_envs",
+    "check_picklable",
+    "explain_env_error",
+    "split_envs",
+]
 
 # What a worker builds its envs from: an env id, or make_envs(num_envs[, start_index]) -> VectorEnv.
 EnvRecipe = Union[str, Callable[..., VectorEnv]]
@@ -84,42 +94,136 @@ def split_envs(num_envs: int, num_workers: int) -> list[tuple[int, int]]:
     return shares
 
 
-def explain_env_error(envs: VectorEnv, exc: BaseException) -> BaseException:
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in another process (set as its ``__cause__``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def explain_env_error(envs: VectorEnv, exc: BaseException, *, env_offset: int = 0) -> BaseException:
     """Returns an error naming the cause where gymnasium's own error does not, else ``exc``.
 
     A killed AsyncVectorEnv worker reaches the parent as a bare ``EOFError`` or
-    ``ConnectionResetError`` and leaves the vector env unable to close; a sub-env
-    of a SyncVectorEnv that returns an observation of the wrong shape raises
-    "Output array is the wrong shape". Runs only on the error path.
+    ``ConnectionResetError`` and leaves the vector env unable to close; an
+    AsyncVectorEnv worker's exception becomes gymnasium's log line when warnings
+    are errors (``python -W error``); a sub-env observation of the wrong shape
+    raises "Output array is the wrong shape" (SyncVectorEnv), "could not
+    broadcast" (AsyncVectorEnv's shared memory) or "all input arrays must have
+    the same shape" (its pipes). Envs are named by their global index, the
+    index in ``envs`` plus ``env_offset``. Runs only on the error path.
     """
     base = envs.unwrapped
-    processes = getattr(base, "processes", None)
-    if isinstance(exc, (EOFError, OSError)) and isinstance(processes, list) and not base.closed:
-        # The pipe reports EOF a moment before the dead process can be reaped.
-        deadline = time.monotonic() + 2.0
-        while not (dead := [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]):
-            if time.monotonic() > deadline:
-                return exc
-            time.sleep(0.01)
-        _shut_down(base)
-        index, process = dead[0]
-        code = process.exitcode
-        cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        error: BaseException = RuntimeError(
-            f"Collector: worker process {index} of the {type(base).__name__} (pid {process.pid}) {cause} "
-            f"while the collector was stepping the envs; the vector env cannot be used any more and was shut "
-            f"down (its other {len(processes) - 1} worker processes terminated)"
-        )
-        error.__cause__ = exc
-        return error
-    if isinstance(exc, ValueError) and isinstance(base, SyncVectorEnv):
-        # SyncVectorEnv keeps the sub-envs' last observations; if absent, gymnasium's error stands.
-        problem = describe_bad_single_obs(base.single_observation_space, list(getattr(base, "_env_obs", ())))
-        if problem is not None:
-            error = ValueError(f"Collector: {problem} (SyncVectorEnv could not stack the observations: {exc})")
-            error.__cause__ = exc
-            return error
+    if isinstance(exc, (EOFError, OSError)) and isinstance(base, AsyncVectorEnv) and not base.closed:
+        return _explain_dead_worker(base, exc)
+    if isinstance(base, AsyncVectorEnv):
+        # The frame of gymnasium's AsyncVectorEnv._raise_if_errors: which worker failed, and how.
+        worker = _frame_locals(exc, "gymnasium.vector.async_vector_env", ("index", "exctype", "value", "trace"))
+        if worker is not None and isinstance(exc, Warning):
+            # gymnasium logs a worker's error with warnings.warn before raising it; a warnings filter
+            # "error" raised the log line instead. Do what gymnasium had left to do.
+            exc = _finish_raise_if_errors(base, worker)
+        if worker is not None and isinstance(exc, ValueError) and "write_to_shared_memory" in worker["trace"]:
+            return _explain_unwritable_obs(base, exc, env_offset + worker["index"])
+    if isinstance(exc, ValueError) and isinstance(base, (SyncVectorEnv, AsyncVectorEnv)):
+        return _explain_unstackable_obs(base, exc, env_offset)
     return exc
+
+
+def _explain_dead_worker(base: AsyncVectorEnv, exc: BaseException) -> BaseException:
+    processes = base.processes
+    # The pipe reports EOF a moment before the dead process can be reaped.
+    deadline = time.monotonic() + 2.0
+    while not (dead := [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]):
+        if time.monotonic() > deadline:
+            return exc
+        time.sleep(0.01)
+    _shut_down(base)
+    index, process = dead[0]
+    code = process.exitcode
+    cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    error = RuntimeError(
+        f"Collector: worker process {index} of the {type(base).__name__} (pid {process.pid}) {cause} "
+        f"while the collector was stepping the envs; the vector env cannot be used any more and was shut "
+        f"down (its other {len(processes) - 1} worker processes terminated)"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _explain_unwritable_obs(base: AsyncVectorEnv, exc: ValueError, env: int) -> ValueError:
+    """An observation that an AsyncVectorEnv worker could not write to shared memory: only its shape is known."""
+    space = base.single_observation_space
+    found = re.search(r"from shape (\(.*?\))", str(exc))
+    shape = f" of shape {found.group(1)}" if found else ""
+    error = ValueError(
+        f"Collector: env {env} returned an observation{shape}, expected shape {tuple(space.shape or ())} and "
+        f"dtype {space.dtype} of its observation space {space!r} (its AsyncVectorEnv worker could not write it "
+        f"to shared memory: {exc})"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _explain_unstackable_obs(base: SyncVectorEnv | AsyncVectorEnv, exc: ValueError, env_offset: int) -> BaseException:
+    """Names the sub-env whose observation could not be stacked with the others', if it can be found."""
+    # SyncVectorEnv keeps the sub-envs' observations (privately); else they are the argument of the
+    # gymnasium concatenate() that failed. If neither is there, gymnasium's error stands.
+    observations = getattr(base, "_env_obs", None)
+    if observations is None:
+        stack = _frame_locals(exc, "gymnasium.vector.utils.space_utils", ("items",), outermost=True)
+        observations = None if stack is None else stack["items"]
+    if observations is None:
+        return exc
+    problem = describe_bad_single_obs(base.single_observation_space, list(observations), env_offset=env_offset)
+    if problem is None:
+        return exc
+    if isinstance(base, AsyncVectorEnv):
+        # Every worker replied to the step: nothing is pending, and close() must not wait for it.
+        base._state = AsyncState.DEFAULT
+    error = ValueError(f"Collector: {problem} ({type(base).__name__} could not stack the observations: {exc})")
+    error.__cause__ = exc
+    return error
+
+
+def _frame_locals(
+    exc: BaseException, module: str, names: tuple[str, ...], *, outermost: bool = False
+) -> dict[str, Any] | None:
+    """Locals of the innermost (or outermost) frame of ``exc``'s traceback in ``module`` that has all ``names``."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_globals.get("__name__") == module and all(name in frame.f_locals for name in names):
+            found = frame.f_locals
+            if outermost:
+                break
+        tb = tb.tb_next
+    return found
+
+
+def _finish_raise_if_errors(base: AsyncVectorEnv, state: dict[str, Any]) -> BaseException:
+    """The rest of ``AsyncVectorEnv._raise_if_errors`` after its log line raised; returns the worker's exception.
+
+    ``state``: the locals of its frame, in its loop over the ``num_errors`` workers that failed.
+    """
+    for _ in range(state["num_errors"] - state["i"] - 1):  # the other failed workers, not read yet
+        index, _, _, _ = base.error_queue.get()
+        base.parent_pipes[index].close()
+        base.parent_pipes[index] = None
+    index = state["index"]
+    if base.parent_pipes[index] is not None:
+        base.parent_pipes[index].close()
+        base.parent_pipes[index] = None
+    base._state = AsyncState.DEFAULT
+    value = state["value"]
+    error = value if isinstance(value, BaseException) else state["exctype"](value)
+    error.__cause__ = RemoteTraceback(state["trace"])
+    return error
 
 
 def _shut_down(base: VectorEnv) -> None:

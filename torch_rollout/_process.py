@@ -29,27 +29,16 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import nn
 
-from torch_rollout._envs import EnvRecipe, autoreset_mode, build_envs, explain_env_error, split_envs
+from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
 from torch_rollout._loop import RolloutLoop, Stopped, call_policy
 from torch_rollout._spaces import Obs
 
-__all__ = ["ProcessPlacement", "RemoteTraceback"]
+__all__ = ["ProcessPlacement"]
 
 # Slots of the control block shared with the workers (an int64 tensor).
 _VERSION, _TRAINING, _STOP = 0, 1, 2
 # How long close() waits for a worker to exit by itself before it is terminated.
 _EXIT_WAIT = 5.0
-
-
-class RemoteTraceback(Exception):
-    """The formatted traceback of an exception raised in a worker process (set as its ``__cause__``)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -349,7 +338,7 @@ def _worker_main(
     except BaseException as exc:
         if not ctrl[_STOP]:
             if envs is not None:
-                exc = explain_env_error(envs, exc)
+                exc = explain_env_error(envs, exc, env_offset=start_index)
             _send_error(conn, exc)
     finally:
         if envs is not None:

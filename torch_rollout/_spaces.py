@@ -228,9 +228,12 @@ def first_non_finite(array: Any) -> tuple[int, Any] | None:
     return index, array[index][~finite[index]].flat[0]
 
 
-def describe_bad_single_obs(space: spaces.Space, observations: list[Any]) -> str | None:
-    """Names the first of the sub-envs' ``observations`` whose shape does not match ``space``, or None."""
-    for index, obs in enumerate(observations):
+def describe_bad_single_obs(space: spaces.Space, observations: list[Any], *, env_offset: int = 0) -> str | None:
+    """Names the first of the sub-envs' ``observations`` whose shape does not match ``space``, or None.
+
+    Env ``i`` of ``observations`` is named ``env_offset + i``.
+    """
+    for index, obs in enumerate(observations, start=env_offset):
         leaves = [((), "observation", space)]
         if isinstance(space, spaces.Dict):
             leaves = [((key,), f"observation[{key!r}]", sub) for key, sub in space.spaces.items()]
