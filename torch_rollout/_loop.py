@@ -169,6 +169,8 @@ class RolloutLoop:
                 outputs[key][t] = value
             versions[t] = version
 
+            if self.check_finite:
+                self._check_finite_action(out_t["action"], t)
             next_obs, r, term, trunc, info = envs.step(self.to_env_action(out_t["action"]))
             self.check_obs(next_obs, "envs.step()")
             if self.check_finite:
@@ -274,10 +276,18 @@ class RolloutLoop:
         if found is None and reward is not None:
             found = first_non_finite(reward)
             found = None if found is None else ("reward", *found)
-        if found is None:
-            return
-        name, env, value = found
-        env = self.env_offset + (env if index is None else int(index[env]))
+        if found is not None:
+            name, env, value = found
+            self._raise_non_finite(name, env if index is None else int(index[env]), value, call, t)
+
+    def _check_finite_action(self, action: Tensor, t: int) -> None:
+        # Before the env sees it: clipping to a Box's bounds would turn inf into a bound, and NaN stays NaN.
+        found = first_non_finite(action.detach().cpu().numpy())
+        if found is not None:
+            self._raise_non_finite("action", *found, "the policy", t)
+
+    def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
+        env += self.env_offset
         batch = self.batches - 1
         step = "" if t is None else f" at step {batch * self.num_steps + t} (row {t} of batch {batch})"
         raise ValueError(
