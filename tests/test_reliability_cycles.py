@@ -77,7 +77,7 @@ def test_soak_5000_batches():
     def quiet_snapshot() -> tuple[int, Counter]:
         # Object counts at comparable moments: the thread has filled its prefetch and waits (it holds
         # no half-built batch), the trainer holds no batch of its own.
-        assert wait_until(lambda: collector._placement._results.qsize() == prefetch, TIMEOUT)
+        assert wait_until(lambda: len(collector._placement.ready) == prefetch, TIMEOUT)
         gc.collect()
         return rss_bytes(), own_objects()
 

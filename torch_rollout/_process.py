@@ -12,6 +12,7 @@ workers never wait for one another.
 
 from __future__ import annotations
 
+import collections
 import copy
 import multiprocessing
 import multiprocessing.connection
@@ -20,14 +21,14 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
 from tensordict import TensorDict
-from torch import nn
+from torch import Tensor, nn
 
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
 from torch_rollout._loop import RolloutLoop, Stopped, call_policy
@@ -64,6 +65,12 @@ class ProcessPlacement:
         seed: env ``j`` is seeded ``seed + j``.
         env_kwargs: for an env id.
         loop_kwargs: ``num_steps``, ``check_finite``.
+
+    The consumer talks to it as to the thread placement: ``request()``,
+    ``wait()``, then takes the result from ``ready`` without a call, and
+    ``refresh()``. Unlike the thread's, these talk to the workers one call at a
+    time (pipes, locks), so they hold Ctrl-C back while they do: what an
+    interrupted ``next()`` received stays for the next one.
     """
 
     name = "process"
@@ -91,6 +98,11 @@ class ProcessPlacement:
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.requested = 0
+        # Results for the consumer: the next batches, or the error that ended collection.
+        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
+        self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
+        self._failure: BaseException | None = None  # a worker's error or death
         self.closed = False
         self.shares = split_envs(num_envs, num_workers)
         try:
@@ -111,6 +123,12 @@ class ProcessPlacement:
             # Each worker reports its envs once they are built and reset (or the error that stopped it).
             deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
             infos = self._gather("ready", deadline)
+            if infos is None:
+                raise self._failure or TimeoutError(
+                    f"Collector: the worker processes did not build and reset their envs within timeout="
+                    f"{startup_timeout} s"
+                )
+            self._received = {}
         except BaseException:
             self.close(0.0)
             raise
@@ -130,78 +148,100 @@ class ProcessPlacement:
     def version(self) -> int:
         return int(self.control[_VERSION]) if self.control is not None else self.final_version
 
-    @contextmanager
-    def locked(self) -> Any:
-        """Holds every worker's weights lock: no worker is inside a forward pass meanwhile."""
-        with ExitStack() as stack:
+    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+        """Copies ``src`` into the shared copy's ``dst`` and publishes a new version, no worker in a forward pass."""
+        if self.control is None:  # closed: the shared copy went with the workers
+            return
+        # Ctrl-C waits: the locks are taken one call at a time, and one left held would stall its worker.
+        with _sigint_deferred(), ExitStack() as stack:
             for lock in self.locks:
                 stack.enter_context(lock)
-            yield
-
-    def bump_version(self, training: bool) -> None:
-        if self.control is None:  # closed
-            return
-        self.control[_TRAINING] = int(training)
-        self.control[_VERSION] += 1
+            self.control[_TRAINING] = int(training)
+            self.control[_VERSION] += 1
+            if dst:
+                torch._foreach_copy_(dst, src)
 
     # -- batches -------------------------------------------------------------------------------
 
     def request(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:  # a worker that died: receive() reports why
-                pass
+        # Ctrl-C waits: a request that reached only some workers would let those run a batch ahead.
+        with _sigint_deferred():
+            self.requested += 1
+            for conn in self.conns:
+                try:
+                    conn.send(None)
+                except OSError:  # a worker that died: wait() reports why
+                    pass
 
-    def receive(self, deadline: float | None) -> tuple[TensorDict | None, BaseException | None]:
-        """The next ``[T, N]`` batch on ``device``, or the error of a worker; ``(None, None)`` past ``deadline``."""
-        try:
+    def wait(self, deadline: float | None) -> bool:
+        """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
+
+        Returns False when ``deadline`` (monotonic) passes first. Ctrl-C lands
+        only while waiting: what was received stays for the next call.
+        """
+        while not self.ready:
             indices = self._gather("batch", deadline)
-        except TimeoutError:
-            return None, None
-        except BaseException as exc:
-            return None, exc
+            with _sigint_deferred():
+                if self._failure is not None:
+                    self.ready.append((None, self._failure))
+                elif indices is None:
+                    return False
+                else:
+                    self.ready.append((self._assemble(indices), None))
+                    self._received = {}
+        return True
+
+    def _assemble(self, indices: list[int]) -> TensorDict:
         parts = [self.slots[k][i] for k, i in enumerate(indices)]
         if len(parts) == 1:
             # A copy, so that the slot can be refilled: the worker may reuse it prefetch + 1 batches later.
-            batch = parts[0].to(self.device) if self.device.type != "cpu" else parts[0].clone()
-        else:
-            batch = torch.cat(parts, dim=1).to(self.device)
-        return batch, None
+            return parts[0].to(self.device) if self.device.type != "cpu" else parts[0].clone()
+        return torch.cat(parts, dim=1).to(self.device)
 
-    def _gather(self, kind: str, deadline: float | None) -> list[Any]:
-        """One message of ``kind`` from every worker, in worker order; raises a worker's error or death."""
-        pending = dict(enumerate(self.conns))
-        got: dict[int, Any] = {}
-        sentinels = {p.sentinel: k for k, p in enumerate(self.processes)}
-        while pending:
+    def _gather(self, kind: str, deadline: float | None) -> list[Any] | None:
+        """One message of ``kind`` from every worker, in worker order (kept in ``_received`` until taken).
+
+        Returns None when a worker failed (its error or death is ``_failure``)
+        or ``deadline`` passes first.
+        """
+        while len(self._received) < self.num_workers and self._failure is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return None
             timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-            ready = multiprocessing.connection.wait([*pending.values(), *sentinels], timeout)
-            for k, conn in list(pending.items()):
-                if conn in ready or conn.poll():
-                    try:
-                        message = conn.recv()
-                    except (EOFError, OSError):
-                        raise self._death(k, kind) from None
-                    got[k] = self._unpack(k, kind, message)
-                    del pending[k]
-            for sentinel in ready:
-                k = sentinels.get(sentinel)
-                if k is not None and k in pending and not self.conns[k].poll():
-                    raise self._death(k, kind)
-            if pending and deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError
-        return [got[k] for k in range(self.num_workers)]
+            pending = {self.conns[k]: k for k in range(self.num_workers) if k not in self._received}
+            sentinels = {self.processes[k].sentinel: k for k in pending.values()}
+            readable = multiprocessing.connection.wait([*pending, *sentinels], timeout)
+            with _sigint_deferred():  # a message read must be recorded: half-read, the pipe is out of step
+                self._receive(kind, pending, [sentinels[s] for s in readable if s in sentinels])
+        if self._failure is not None:
+            return None
+        return [self._received[k] for k in range(self.num_workers)]
 
-    def _unpack(self, k: int, kind: str, message: tuple) -> Any:
+    def _receive(self, kind: str, pending: dict[multiprocessing.connection.Connection, int], exited: list[int]) -> None:
+        """Records the messages of the ``pending`` workers that are in their pipes, or the first failure."""
+        for conn, k in pending.items():
+            if conn.poll():
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    self._failure = self._death(k, kind)
+                    return
+                if message[0] == "error":
+                    self._failure = self._remote_error(k, *message[1:])
+                    return
+                self._received[k] = self._unpack(k, message)
+            elif k in exited:
+                self._failure = self._death(k, kind)
+                return
+
+    def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
+        exc.__cause__ = RemoteTraceback(f'\n"""\nin worker {k} (pid {self.processes[k].pid}):\n{text}"""')
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised in torch_rollout worker process {k}, pid {self.processes[k].pid})")
+        return exc
+
+    def _unpack(self, k: int, message: tuple) -> Any:
         tag, payload = message[0], message[1:]
-        if tag == "error":
-            exc, text = payload
-            cause = RemoteTraceback(f'\n"""\nin worker {k} (pid {self.processes[k].pid}):\n{text}"""')
-            exc.__cause__ = cause
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"(raised in torch_rollout worker process {k}, pid {self.processes[k].pid})")
-            raise exc
         if tag == "ready":
             return payload[0]
         index, slots = payload
@@ -273,6 +313,28 @@ class ProcessPlacement:
         self.locks = []
         self.slots = [None] * self.num_workers
         return True
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Holds Ctrl-C (SIGINT) back until the block ends, then delivers it to the handler it was meant for.
+
+    For the consumer's short critical sections, which talk to the workers one
+    call at a time: there a KeyboardInterrupt would leave a pipe half-read, a
+    worker's lock held or a received batch unrecorded. Signals run their
+    handlers in the main thread only, so elsewhere there is nothing to defer.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # (None: a handler installed outside Python, which could not be put back)
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 # -- the worker process -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
-from torch import nn
+from torch import Tensor, nn
 
 from torch_rollout._envs import explain_env_error
 from torch_rollout._loop import RolloutLoop, Stopped, call_policy
@@ -24,19 +25,23 @@ class ThreadPlacement:
 
     The placement holds no reference to the ``Collector`` so that dropping the
     collector lets it be garbage collected (and closed). The consumer talks to
-    it through ``request()`` (one token per batch), ``receive()`` and
-    ``stop``. Both queues are C-level ``SimpleQueue``: a KeyboardInterrupt
+    it through ``request()`` (one token per batch), ``wait()``, ``ready`` and
+    ``stop``. The queues are C-level ``SimpleQueue``: a KeyboardInterrupt
     landing in the consumer's ``put`` cannot leave a lock held, as it can
     inside ``threading.Semaphore.release`` (and then ``close()`` would
-    deadlock). ``lock`` guards the policy's weights: every forward pass and
-    every weight refresh holds it, so no forward sees two weight versions.
-    ``abandon()`` hands the closing of owned envs to the thread when the
-    consumer cannot wait for it to stop.
+    deadlock). Results wait in the deque ``ready`` until the consumer has
+    taken them, which it does without a call (where a KeyboardInterrupt could
+    land and lose one); ``_wakeup`` only wakes it. ``lock`` guards the
+    policy's weights: every forward pass and every weight refresh holds it, so
+    no forward sees two weight versions. ``close()`` hands the closing of owned
+    envs to the thread when the consumer cannot wait for it to stop.
     """
 
     name = "thread"
     lock: threading.Lock
     version: int
+    requested: int
+    ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
 
     def __init__(self, envs: VectorEnv, runner: nn.Module, *, own_copy: bool, owns_envs: bool, **loop_kwargs: Any):
@@ -46,11 +51,13 @@ class ThreadPlacement:
         self.owns_envs = owns_envs
         self.lock = threading.Lock()
         self.version = 0
+        self.requested = 0
         self.stop = threading.Event()
         self.loop = RolloutLoop(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self.ready = collections.deque()
+        self._wakeup: queue.SimpleQueue = queue.SimpleQueue()  # one token per result
         self.thread = threading.Thread(target=self._run, name="torch_rollout-collector", daemon=True)
         # Whoever of the thread (on exit) and the consumer (in abandon) comes last closes owned envs.
         self._exit_lock = threading.Lock()
@@ -66,33 +73,43 @@ class ThreadPlacement:
         with self.lock:
             return call_policy(self.runner, obs), self.version
 
-    def locked(self) -> threading.Lock:
-        """Held while weights are copied: no forward runs meanwhile."""
-        return self.lock
-
-    def bump_version(self, training: bool) -> None:
-        """Called with ``locked()`` held, after the weights were copied."""
-        if self.own_copy:
-            self.runner.train(training)
-        self.version += 1
+    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+        """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""
+        with self.lock:
+            if self.own_copy and self.runner.training != training:
+                self.runner.train(training)
+            # All or nothing under Ctrl-C: a signal handler runs only between calls, and none comes between
+            # the new version and the one C call that copies every tensor.
+            self.version += 1
+            if dst:
+                torch._foreach_copy_(dst, src)
 
     # -- batches -------------------------------------------------------------------------------
 
     def request(self) -> None:
+        # No call between the count and the request: a KeyboardInterrupt cannot separate them.
+        self.requested += 1
         self._credits.put(None)
 
-    def receive(self, deadline: float | None) -> tuple[TensorDict | None, BaseException | None]:
-        """The next batch or error; ``(None, None)`` when ``deadline`` (monotonic) passes first."""
-        while True:
+    def wait(self, deadline: float | None) -> bool:
+        """Waits until ``ready`` holds a result; False when ``deadline`` (monotonic) passes first."""
+        while not self.ready:
             try:
                 # A short poll so that a thread that died without a word is noticed.
-                return self._results.get(timeout=0.25)
+                self._wakeup.get(timeout=0.25)
+                continue
             except queue.Empty:
                 pass
-            if not self.thread.is_alive() and self._results.empty():
-                return None, RuntimeError("Collector: the background thread exited without producing a batch")
-            if deadline is not None and time.monotonic() > deadline:
-                return None, None
+            if not self.thread.is_alive() and not self.ready:
+                error = RuntimeError("Collector: the background thread exited without producing a batch")
+                self.ready.append((None, error))
+            elif deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    def _deliver(self, batch: TensorDict | None, error: BaseException | None) -> None:
+        self.ready.append((batch, error))
+        self._wakeup.put(None)
 
     def _run(self) -> None:
         try:
@@ -102,13 +119,13 @@ class ThreadPlacement:
                     self._credits.get()
                     if self.stop.is_set():
                         return
-                    self._results.put((self.loop.collect(), None))
+                    self._deliver(self.loop.collect(), None)
         except Stopped:
             pass
         except BaseException as exc:  # every failure reaches the consumer, KeyboardInterrupt included
             if not self.stop.is_set():  # else nobody reads it, and the envs are their owner's again
                 exc = explain_env_error(self.envs, exc)
-            self._results.put((None, exc))
+            self._deliver(None, exc)
         finally:
             with self._exit_lock:
                 self._exited = True

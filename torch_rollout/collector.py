@@ -19,7 +19,7 @@ import gymnasium
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
-from torch import nn
+from torch import Tensor, nn
 
 from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
 from torch_rollout._loop import add_advantages
@@ -103,7 +103,10 @@ class Collector:
     thread: on ``policy`` itself), and with a seed (and ``torch.manual_seed``
     for the policy's sampling) two runs give identical batches. Worker
     processes act with a shared-memory copy, refreshed in place under a lock
-    per worker; rows of different workers may carry different versions.
+    per worker; rows of different workers may carry different versions. A
+    copy is refreshed by name, all or nothing (even under Ctrl-C): tensors the
+    trainer replaced (``load_state_dict(assign=True)``, a new submodule) are
+    followed, and a change of names or shapes raises ``ValueError``.
 
     Errors: an exception raised by the env or the policy in the background is
     re-raised by ``next()`` with its original traceback (from a worker process:
@@ -281,7 +284,7 @@ class Collector:
                     _check_policy_device(policy, self.device)
                     runner = policy
                 else:
-                    runner = _inference_copy(policy, self.device)
+                    runner = _inference_copy(policy, self.device, backend, prefetch)
                 mode = autoreset_mode(built)
                 self._placement: ThreadPlacement | ProcessPlacement = ThreadPlacement(
                     built, runner, own_copy=runner is not policy, owns_envs=self._owns_envs, device=self.device,
@@ -294,7 +297,7 @@ class Collector:
             self.envs = built
         else:
             self._owns_envs = True
-            runner = _inference_copy(policy, torch.device("cpu")).share_memory()
+            runner = _inference_copy(policy, torch.device("cpu"), backend, prefetch).share_memory()
             self._placement = ProcessPlacement(
                 envs, runner, num_envs=num_envs, num_workers=num_workers, prefetch=prefetch, device=self.device,
                 seed=seed, env_kwargs=env_kwargs, startup_timeout=timeout, **loop_kwargs,
@@ -302,17 +305,16 @@ class Collector:
             mode = AutoresetMode(self._placement.info["autoreset_mode"])
             self.envs = None
         self.autoreset_mode = mode
-        # (acting copy's tensor, user's tensor) pairs copied on each refresh; empty in lockstep on a thread.
-        self._weight_pairs = [] if runner is policy else _weight_pairs(runner, policy)
+        # The acting copy's tensors by name, refreshed in place from the policy's tensors of the same names
+        # (which the trainer may have replaced); None when the thread acts with the policy itself.
+        self._acting: dict[str, Tensor] | None = None if runner is policy else dict(_named_weights(runner))
         self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
-        self._requested = 0
         self._delivered = 0
         self._error: BaseException | None = None
         self.closed = False
         _live.add(self)
         self._placement.start()
-        for _ in range(prefetch):
-            self._request()
+        self._request(ahead=prefetch)
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -332,29 +334,43 @@ class Collector:
         if self._num_batches is not None and self._delivered >= self._num_batches:
             self.close()
             raise StopIteration
+        # Ctrl-C can land anywhere in here; a later call then picks up where this one stopped.
         self.update_policy()
-        self._request()
+        self._request(ahead=self.prefetch + 1)
+        placement = self._placement
+        ready = placement.ready
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        batch, error = self._placement.receive(deadline)
-        if batch is None and error is None:
+        if placement.wait(deadline):
+            batch, error = ready[0]
+            if error is None:
+                # In place, so that a call interrupted in here is redone on the same batch.
+                add_advantages(batch, gamma=self.gamma, gae_lambda=self.gae_lambda)
+                # From here to the return no call is made, so no signal handler runs: the batch cannot be lost.
+                del ready[0]
+                self._delivered += 1
+                return batch
+        else:
             error = TimeoutError(
                 f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
                 f"(backend={self.backend!r}, autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs}); "
                 "the collector is closed"
                 + (" and its thread is left to stop when the stuck call returns" if self.backend == "thread" else "")
             )
-        if error is not None:
-            self._error = error
-            # After a timeout the thread is stuck: waiting for it in close() would hang as well.
-            self._shut_down(join_timeout=0.0 if isinstance(error, TimeoutError) else _JOIN_TIMEOUT)
-            raise error
-        self._delivered += 1
-        return add_advantages(batch, gamma=self.gamma, gae_lambda=self.gae_lambda)
+        self._error = error
+        # After a timeout the thread is stuck: waiting for it in close() would hang as well.
+        self._shut_down(join_timeout=0.0 if isinstance(error, TimeoutError) else _JOIN_TIMEOUT)
+        raise error
 
-    def _request(self) -> None:
-        """Asks for one more batch, unless every batch of ``total_timesteps`` was asked for already."""
-        if self._num_batches is None or self._requested < self._num_batches:
-            self._requested += 1
+    def _request(self, *, ahead: int) -> None:
+        """Asks for batches until ``ahead`` are asked beyond those delivered (never past ``total_timesteps``).
+
+        Counted by the placement together with each request: a request that an interrupted call made is not
+        made again, so collection never runs more than ``prefetch`` batches ahead.
+        """
+        wanted = self._delivered + ahead
+        if self._num_batches is not None:
+            wanted = min(wanted, self._num_batches)
+        while self._placement.requested < wanted:
             self._placement.request()
 
     def __len__(self) -> int:
@@ -375,11 +391,22 @@ class Collector:
         Called automatically each time the next batch is requested. Call it
         yourself after an update that happens in the middle of an iteration.
         """
-        placement = self._placement
-        with placement.locked(), torch.no_grad():
-            for dst, src in self._weight_pairs:
-                dst.copy_(src)
-            placement.bump_version(self.policy.training)
+        dst, src = self._weight_pairs()
+        with torch.no_grad():
+            self._placement.refresh(dst, src, training=self.policy.training)
+
+    def _weight_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
+        """The acting copy's tensors and the policy's current ones of the same names, to copy in that order.
+
+        Pairing by name on every refresh follows tensors the trainer replaced
+        (``load_state_dict(assign=True)``, a new submodule); a change of names or
+        shapes raises before anything is copied.
+        """
+        if self._acting is None:
+            return [], []
+        src, dst = dict(_named_weights(self.policy)), self._acting
+        _check_same_structure(src, dst, _copy_reason(self.backend, self.prefetch)[0])
+        return [dst[name] for name in src], list(src.values())
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -393,7 +420,7 @@ class Collector:
         self.closed = True
         placement = self._placement
         if placement.name == "process":
-            self._weight_pairs = []  # the shared-memory copy goes with the workers
+            self._acting = None  # the shared-memory copy goes with the workers
         on_own_thread = threading.current_thread() is getattr(placement, "thread", None)
         if not placement.close(join_timeout) and join_timeout > 0 and not on_own_thread:
             warnings.warn(
@@ -493,13 +520,22 @@ def _check_policy_device(policy: nn.Module, device: torch.device) -> None:
             )
 
 
-def _inference_copy(policy: nn.Module, device: torch.device) -> nn.Module:
+def _copy_reason(backend: str, prefetch: int) -> tuple[str, str]:
+    """The argument that makes the collector act with a copy of the policy, and the arguments that avoid it."""
+    if backend == "process":
+        return "backend='process'", "backend='thread' with prefetch=0"
+    return f"prefetch={prefetch}", "prefetch=0"
+
+
+def _inference_copy(policy: nn.Module, device: torch.device, backend: str, prefetch: int) -> nn.Module:
+    """The acting copy of ``policy``: on ``device``, without gradients."""
+    why, fix = _copy_reason(backend, prefetch)
     try:
         runner = copy.deepcopy(policy)
     except Exception as exc:
         raise TypeError(
-            f"Collector: prefetch>=1 needs a copy of the policy but copy.deepcopy({type(policy).__name__}) "
-            f"failed ({exc}); make it deep-copyable or use prefetch=0"
+            f"Collector: {why} copies the policy but copy.deepcopy({type(policy).__name__}) failed ({exc}); "
+            f"make it deep-copyable or pass {fix} to act with the module itself"
         ) from exc
     runner.to(device)
     runner.requires_grad_(False)
@@ -511,9 +547,29 @@ def _named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from module.named_buffers()
 
 
-def _weight_pairs(runner: nn.Module, policy: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    dst, src = dict(_named_weights(runner)), dict(_named_weights(policy))
-    return [(dst[name], tensor) for name, tensor in src.items()]
+def _check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: str) -> None:
+    """Raises ValueError naming the first tensor of the policy (``src``) and its copy (``dst``) that differ.
+
+    ``why``: the argument that made the collector copy the policy.
+    """
+    if src.keys() == dst.keys() and all(src[name].shape == dst[name].shape for name in src):
+        return  # the usual case, at every refresh
+    for name in sorted(src.keys() | dst.keys()):
+        if name not in dst:
+            problem = "is new since the Collector was built"
+        elif name not in src:
+            problem = "no longer exists"
+        elif src[name].shape != dst[name].shape:
+            problem = (
+                f"now has shape {tuple(src[name].shape)}, but the collector's copy of the policy ({why}) has "
+                f"shape {tuple(dst[name].shape)}"
+            )
+        else:
+            continue
+        raise ValueError(
+            f"Collector: the policy's parameter {name!r} {problem}; the copy follows replaced parameters of the "
+            "same shape only: create a new Collector after changing the policy's structure"
+        )
 
 
 @atexit.register
