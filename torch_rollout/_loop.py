@@ -115,6 +115,7 @@ class RolloutLoop:
         self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs)
         self.check_obs = ObsChecker(self.obs_space, envs.num_envs)
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
+        self.call = "envs.reset()"  # the env or policy call the loop is in or made last, for a stuck thread
         self.has_value: bool | None = None
         self.output_keys: list[str] | None = None
         # Batches on the host are written from NumPy and observations go to the policy from
@@ -123,6 +124,7 @@ class RolloutLoop:
 
     def reset(self) -> None:
         N = self.num_envs
+        self.call = "envs.reset()"
         obs, _ = self.envs.reset(seed=self.seed)
         self.check_obs(obs, "envs.reset()")
         if self.check_finite:
@@ -161,7 +163,7 @@ class RolloutLoop:
             if self.stop():
                 raise Stopped
             obs_t = self._obs_to_device(obs_buffer, t)
-            raw, version = self.forward(obs_t)
+            raw, version = self._forward(obs_t)
             out_t = self._check_outputs(raw, N)
             if outputs is None:
                 outputs = {key: _empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
@@ -171,7 +173,9 @@ class RolloutLoop:
 
             if self.check_finite:
                 self._check_finite_action(out_t["action"], t)
-            next_obs, r, term, trunc, info = envs.step(self.to_env_action(out_t["action"]))
+            action = self.to_env_action(out_t["action"])
+            self.call = "envs.step()"
+            next_obs, r, term, trunc, info = envs.step(action)
             self.check_obs(next_obs, "envs.step()")
             if self.check_finite:
                 self._check_finite(next_obs, r, "envs.step()", t)
@@ -242,9 +246,10 @@ class RolloutLoop:
             if final is None:
                 final = select_obs(self.obs_space, next_obs, index)
             # One batched forward for every env that ended this step.
-            raw, _ = self.forward(obs_to_tensor(self.obs_space, final, self.device))
+            raw, _ = self._forward(obs_to_tensor(self.obs_space, final, self.device))
             final_values.append((t, index, self._check_outputs(raw, len(index))["value"]))
         if mode == AutoresetMode.DISABLED:
+            self.call = "envs.reset(options={'reset_mask': ...})"
             next_obs, _ = self.envs.reset(options={"reset_mask": done})
             self.check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
             if self.check_finite:
@@ -258,12 +263,16 @@ class RolloutLoop:
         else:
             self.staging.write(slice(None), self.obs)
             last_obs = self.staging.tensor.to(self.device, non_blocking=True)
-        raw, _ = self.forward(last_obs)
+        raw, _ = self._forward(last_obs)
         value, next_value = out["value"], out["next_value"]
         next_value[:-1] = value[1:]
         next_value[-1] = self._check_outputs(raw, self.num_envs)["value"]
         for t, index, final_value in final_values:
             next_value[t, torch.from_numpy(index).to(next_value.device)] = final_value.to(next_value.device)
+
+    def _forward(self, obs: Obs) -> tuple[Any, int]:
+        self.call = "the policy's forward()"
+        return self.forward(obs)
 
     def _check_finite(
         self, obs: Any, reward: np.ndarray | None, call: str, t: int | None = None, index: np.ndarray | None = None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import queue
+import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -152,3 +154,9 @@ class ThreadPlacement:
         if stopped and self.owns_envs:
             self.envs.close()
         return stopped
+
+    def stuck_in(self) -> str:
+        """The call the loop is inside and the thread's innermost frames: where a thread that did not stop is."""
+        frame = sys._current_frames().get(self.thread.ident)
+        frames = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else ""
+        return f"{self.loop.call}, at:\n{frames}"

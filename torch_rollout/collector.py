@@ -20,6 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
 from torch_rollout._loop import add_advantages
@@ -31,8 +32,14 @@ __all__ = ["Collector"]
 # How long close() waits for the background thread; a thread stuck in an env's
 # step past this is left behind (it is a daemon) with a warning.
 _JOIN_TIMEOUT = 10.0
+# At interpreter exit nobody can use a stuck thread any more: wait less before leaving it.
+_EXIT_JOIN_TIMEOUT = 2.0
 _BACKENDS = ("auto", "thread", "process")
 _live: weakref.WeakSet[Collector] = weakref.WeakSet()
+# id(envs.unwrapped) -> the open collector stepping that live vector env: a second one would interleave
+# its steps with the first one's. Reentrant: a collector's __del__ may run (gc) while it is held.
+_drivers: weakref.WeakValueDictionary[int, Collector] = weakref.WeakValueDictionary()
+_drivers_lock = threading.RLock()
 
 
 class Collector:
@@ -125,9 +132,11 @@ class Collector:
     Hostile input: observations of the wrong shape or of a dtype that would not
     cast safely, actions outside a Discrete, MultiDiscrete or MultiBinary
     space and policy outputs on another device raise ``ValueError`` naming the
-    key, what was received and what was expected. NaN and inf in observations
-    and rewards pass through unchanged (they are valid floats, and some envs
-    use inf on purpose) unless ``check_finite=True``.
+    key, what was received and what was expected. NaN and inf in observations,
+    rewards and Box actions pass through unchanged (they are valid floats, and
+    some envs use inf on purpose) unless ``check_finite=True``. A live vector
+    env is stepped by one open collector at a time: a second one raises
+    ``ValueError``, as it would corrupt both trajectories.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
@@ -160,12 +169,14 @@ class Collector:
             stops when the stuck call returns, and then closes the envs the
             collector created.
         check_finite: raise ``ValueError`` naming the key, env and step when an
-            observation or reward is NaN or infinite (costs one
-            ``np.isfinite`` per step).
+            observation, a reward or a Box action (before the env receives it)
+            is NaN or infinite (costs a few ``np.isfinite`` per step).
 
     Raises:
         TypeError: for an unsupported space or argument type.
-        ValueError: for an out-of-range argument or an unknown env id.
+        ValueError: for an out-of-range argument, an unknown env id, a live
+            vector env that another open collector steps, or a lazy policy
+            (``nn.LazyLinear``) not run yet that the collector must copy.
 
     Examples:
         >>> import torch
@@ -194,6 +205,7 @@ class Collector:
     num_envs: int
     device: torch.device
     prefetch: int
+    total_timesteps: int | None
     autoreset_mode: AutoresetMode
     closed: bool
 
@@ -305,20 +317,42 @@ class Collector:
             mode = AutoresetMode(self._placement.info["autoreset_mode"])
             self.envs = None
         self.autoreset_mode = mode
+        self.total_timesteps = total_timesteps
         # The acting copy's tensors by name, refreshed in place from the policy's tensors of the same names
         # (which the trainer may have replaced); None when the thread acts with the policy itself.
         self._acting: dict[str, Tensor] | None = None if runner is policy else dict(_named_weights(runner))
         self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
         self._delivered = 0
         self._error: BaseException | None = None
+        self._driven = self._claim(envs) if isinstance(envs, VectorEnv) else None
         self.closed = False
         _live.add(self)
         self._placement.start()
         self._request(ahead=prefetch)
 
+    def _claim(self, envs: VectorEnv) -> int:
+        """Records this collector as the one stepping ``envs`` (wrappers included); refuses a second one."""
+        key = id(envs.unwrapped)
+        with _drivers_lock:
+            other = _drivers.get(key)
+            if other is not None:
+                raise ValueError(
+                    f"Collector: envs is already driven by another open {other!r}; two collectors stepping one "
+                    "vector env corrupt each other's trajectories: close that one first (close() or a with block) "
+                    "or give each collector its own vector env"
+                )
+            _drivers[key] = self
+        return key
+
     # -- iteration -------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[TensorDict]:
+        if self._error is None and self._num_batches is not None and self._delivered >= self._num_batches:
+            # A second `for` over a finished collector would silently train on nothing.
+            raise RuntimeError(
+                f"Collector: cannot iterate again: the collector already delivered all {self._num_batches} batches "
+                f"of total_timesteps={self.total_timesteps}; create a new Collector"
+            )
         return self
 
     def __next__(self) -> TensorDict:
@@ -414,18 +448,22 @@ class Collector:
         """Stops the background collection and closes the envs the collector created. Idempotent."""
         self._shut_down(join_timeout=_JOIN_TIMEOUT)
 
-    def _shut_down(self, *, join_timeout: float) -> None:
+    def _shut_down(self, *, join_timeout: float, at_exit: bool = False) -> None:
         if self.closed:
             return
         self.closed = True
+        with _drivers_lock:
+            if self._driven is not None and _drivers.get(self._driven) is self:
+                del _drivers[self._driven]
         placement = self._placement
         if placement.name == "process":
             self._acting = None  # the shared-memory copy goes with the workers
         on_own_thread = threading.current_thread() is getattr(placement, "thread", None)
         if not placement.close(join_timeout) and join_timeout > 0 and not on_own_thread:
+            when = "at interpreter exit " if at_exit else ""
             warnings.warn(
-                f"Collector.close: the background thread did not stop within {join_timeout} s "
-                "(an env step or policy call is stuck); it is left running as a daemon",
+                f"Collector.close: {when}the background thread did not stop within {join_timeout} s; it is left "
+                f"running as a daemon, inside {placement.stuck_in()}",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -530,6 +568,13 @@ def _copy_reason(backend: str, prefetch: int) -> tuple[str, str]:
 def _inference_copy(policy: nn.Module, device: torch.device, backend: str, prefetch: int) -> nn.Module:
     """The acting copy of ``policy``: on ``device``, without gradients."""
     why, fix = _copy_reason(backend, prefetch)
+    for name, tensor in _named_weights(policy):
+        if is_lazy(tensor):
+            raise ValueError(
+                f"Collector: {why} copies the policy when the Collector is built, but its parameter {name!r} is "
+                "uninitialized (a lazy module such as nn.LazyLinear); run the policy once on a batch of "
+                f"observations before building the Collector, or pass {fix} to act with the module itself"
+            )
     try:
         runner = copy.deepcopy(policy)
     except Exception as exc:
@@ -576,4 +621,4 @@ def _check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: s
 def _close_all() -> None:
     # Runs before interpreter teardown: stop threads while the env code can still run.
     for collector in list(_live):
-        collector.close()
+        collector._shut_down(join_timeout=_EXIT_JOIN_TIMEOUT, at_exit=True)
