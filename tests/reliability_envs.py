@@ -14,10 +14,13 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import nn
+
+from torch_rollout import Collector
 
 __all__ = [
     "AUTORESET_MODES",
@@ -37,9 +40,11 @@ __all__ = [
     "SlowReadPolicy",
     "Snapshot",
     "child_pids",
+    "collect_error",
     "collector_threads",
     "counting_vec",
     "faulty_fns",
+    "faulty_vec",
     "make_vec",
     "open_fds",
     "os_threads",
@@ -241,6 +246,21 @@ def faulty_fns(num_envs: int, faulty_index: int = 0, **fault: Any) -> list[Calla
     return [partial(FaultyEnv, i, **(fault if i == faulty_index else {})) for i in range(num_envs)]
 
 
+def faulty_vec(
+    num_envs: int,
+    start_index: int = 0,
+    *,
+    faulty_index: int = 0,
+    cls: Callable[[list[Callable[[], gym.Env]]], VectorEnv] = SyncVectorEnv,
+    **fault: Any,
+) -> VectorEnv:
+    """FaultyEnvs ``start_index ..`` as a vector env, the one of global index ``faulty_index`` with ``fault``.
+
+    A picklable recipe for worker processes (with partial), like counting_vec.
+    """
+    return cls(faulty_fns(start_index + num_envs, faulty_index, **fault)[start_index:])
+
+
 class BadObsVectorEnv(VectorEnv):
     """A hand-written vector env (no Sync/Async checks in between) that misbehaves at step ``at``.
 
@@ -421,6 +441,27 @@ def rss_bytes() -> int:
 def os_threads() -> int:
     """Threads of this process as the kernel counts them (Python's and native ones)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def collect_error(envs: Any, policy: nn.Module | None = None, **kwargs: Any) -> pytest.ExceptionInfo:
+    """The ValueError that iterating a collector on ``envs`` ends with; the collector is closed by then.
+
+    A vector env given to the thread is closed afterwards with a plain
+    ``close()``, which warns (an error in this suite) if the failure left a call
+    pending in it; worker processes close the envs they built from a recipe.
+    """
+    kwargs = {"num_steps": 4, "device": "cpu", "timeout": 60.0, **kwargs}
+    collector = Collector(envs, policy or ConstantPolicy(), **kwargs)
+    try:
+        with pytest.raises(ValueError) as info:
+            for _ in take(collector):
+                pass
+        assert collector.closed
+    finally:
+        collector.close()
+        if isinstance(envs, VectorEnv):
+            envs.close()
+    return info
 
 
 def take(collector: Any, limit: int = 50) -> Any:

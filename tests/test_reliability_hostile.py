@@ -17,8 +17,8 @@ from reliability_envs import (
     ActionEchoEnv,
     BadObsVectorEnv,
     ConstantPolicy,
+    collect_error,
     faulty_fns,
-    take,
     make_vec,
 )
 from torch_rollout import Collector
@@ -33,20 +33,6 @@ def first_batch(envs, policy=None, **kwargs):
         batch = next(collector)
     envs.close()
     return batch
-
-
-def collect_error(envs, policy=None, **kwargs) -> pytest.ExceptionInfo:
-    kwargs = {"num_steps": 4, "device": "cpu", "timeout": TIMEOUT, **kwargs}
-    collector = Collector(envs, policy or ConstantPolicy(), **kwargs)
-    try:
-        with pytest.raises(ValueError) as info:
-            for _ in take(collector):
-                pass
-        assert collector.closed
-    finally:
-        collector.close()
-        envs.close()
-    return info
 
 
 # -- NaN and inf ---------------------------------------------------------------------------------
