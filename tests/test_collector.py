@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 
@@ -304,6 +305,38 @@ def test_update_policy_refreshes_mid_iteration(placement):
         assert (rows["a"][newer] == 5.0).all() and (rows["a"][~newer] == 0.0).all()  # ... and it alone
     if not extra:
         envs.close()
+
+
+class ThreadsProbe(nn.Module):
+    """Reports the intra-op thread count torch gives the thread that runs the policy."""
+
+    def forward(self, obs):
+        n = obs.shape[0]
+        return {"action": torch.zeros(n, dtype=torch.long), "threads": torch.full((n,), torch.get_num_threads())}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own(placement):
+    """Two OpenMP teams on one machine spin against each other: the collector takes one thread, nothing else."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.ones(2, 2).sum()  # the trainer has run a torch op: its own thread team exists
+        envs, extra = envs_for(placement, make_counting_envs, 2)
+        with Collector(envs, ThreadsProbe(), num_steps=3, total_timesteps=2 * 3 * 2, device="cpu", prefetch=1,
+                       **placement, **extra) as collector:
+            threads = torch.cat([batch["threads"] for batch in collector])
+        assert (threads == 1).all()
+        assert torch.get_num_threads() == 2  # the trainer's thread
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [2]  # and the threads it starts later
+        if not extra:
+            envs.close()
+    finally:
+        torch.set_num_threads(previous)
 
 
 # -- spaces ------------------------------------------------------------------------------------
