@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import gymnasium
-import numpy as np
 import pytest
 import torch
 from gymnasium.vector import SyncVectorEnv
