@@ -109,6 +109,9 @@ def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dic
     walls = [float(r["wall_time"]) for r in rows]
     returns = [float(r["charts/mean_return"]) for r in rows]
     lags = [float(r["charts/policy_lag"]) for r in rows if r.get("charts/policy_lag") not in (None, "")]
+    # the first iteration waits for start-up (worker processes, first batch): the steady state leaves it out
+    waits = [float(r["time/wait_s"]) for r in rows[1:]]
+    updates = [float(r["time/update_s"]) for r in rows[1:]]
     if len(rows) < 2:
         raise RuntimeError(f"examples/ppo.py logged {len(rows)} iteration(s); a steady state needs 2")
     return {
@@ -118,6 +121,9 @@ def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dic
         "process_wall_s": wall,
         "final_mean_return": returns[-1],
         "policy_lag": statistics.fmean(lags) if lags else float("nan"),
+        "wait_s": statistics.median(waits),
+        "update_s": statistics.median(updates),
+        "steps_per_iteration": steps[0],
     }
 
 
@@ -383,8 +389,9 @@ def run_suite(
     rows = summarize(samples, suite.reference) if suite.reference in samples else []
     for row in rows:
         runs = details[row["system"]]
-        for key in ("final_mean_return", "process_wall_s", "policy_lag"):
-            row[key] = statistics.median(r[key] for r in runs)
+        for key in ("final_mean_return", "process_wall_s", "policy_lag", "wait_s", "update_s", "steps_per_iteration"):
+            values = [r[key] for r in runs if key in r]
+            row[key] = statistics.median(values) if values else None
     return {
         "title": suite.title, "reference": suite.reference, "with_bars": suite.with_bars,
         "config": {"total_timesteps": total_timesteps, "repeats": repeats, "seed": seed, **suite.hyperparameters},
@@ -436,6 +443,35 @@ def bars(table: dict[str, Any]) -> str:
     return text + "."
 
 
+def ceilings(table: dict[str, Any]) -> str:
+    """The floors of the lockstep row, measured in the same run, and the ceilings of overlap they imply.
+
+    In lockstep the trainer waits for the whole collection of a batch (``C``,
+    GAE included) and then updates (``U``): their serial sum is lockstep. One
+    collector beside the trainer can at best hide the shorter of the two
+    (perfect overlap: one batch per ``max(C, U)``); with every bit of both spread
+    over the machine's 2 cores nothing beats ``(C + U) / 2`` per batch.
+    """
+    ref = next((r for r in table["rows"] if r["system"] == table["reference"]), None)
+    if ref is None or not ref.get("wait_s") or not ref.get("update_s") or not ref.get("steps_per_iteration"):
+        return ""
+    c, u = ref["wait_s"], ref["update_s"]
+    steps = ref["steps_per_iteration"]
+    serial, overlap, two_cores = steps / (c + u), steps / max(c, u), steps / ((c + u) / 2)
+    lockstep = ref["median"]
+    return (
+        f"Floors, from the lockstep row: collecting a batch C = {c * 1e3:.0f} ms (GAE included), updating on it "
+        f"U = {u * 1e3:.0f} ms; their serial sum is {serial:.0f} steps/s ({serial / lockstep:.2f}x lockstep, the "
+        f"rest is the trainer's logging). Ceiling of one collector beside the trainer (perfect overlap, "
+        f"max(C, U)): {overlap:.0f} steps/s = {overlap / lockstep:.2f}x lockstep; of both halves spread "
+        f"perfectly over 2 cores ((C + U) / 2): {two_cores:.0f} steps/s = {two_cores / lockstep:.2f}x lockstep."
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.0f}"
+
+
 def _return(value: float | None) -> str:
     # nan: no episode ended within the run (HalfCheetah's last 1000 steps in a short run)
     return "n/a" if value is None or value != value else f"{value:.1f}"
@@ -448,7 +484,8 @@ def to_markdown(results: dict[str, Any]) -> str:
         cfg = table["config"]
         rows = [
             [r["system"], f"{r['median']:.0f}", f"{r['min']:.0f} - {r['max']:.0f}", f"{r['ratio']:.2f}x",
-             f"{r['policy_lag']:.2f}", f"{r['process_wall_s']:.1f}", _return(r["final_mean_return"])]
+             f"{r['policy_lag']:.2f}", _ms(r.get("wait_s")), _ms(r.get("update_s")), f"{r['process_wall_s']:.1f}",
+             _return(r["final_mean_return"])]
             for r in table["rows"]
         ]  # fmt: skip
         title = (
@@ -457,8 +494,14 @@ def to_markdown(results: dict[str, Any]) -> str:
         )
         text = title + "\n\n"
         if rows:
-            header = ["trainer", "median", "range", "vs lockstep", "policy lag", "process wall s", "final mean return"]
+            header = [
+                "trainer", "median", "range", "vs lockstep", "policy lag", "wait ms/iter", "update ms/iter",
+                "process wall s", "final mean return",
+            ]  # fmt: skip
             text += markdown_table(header, rows) + "\n"
+            floors = ceilings(table)
+            if floors:
+                text += f"\n{floors}\n"
         if table["with_bars"] and rows:
             text += f"\n{bars(table)}\n"
         for note in table["notes"]:
