@@ -151,6 +151,7 @@ def test_garbage_collected_on_its_own_thread(monkeypatch):
             "torch_rollout_tests/Faulty-v0", GcPolicy(), num_envs=2, num_steps=8, device="cpu", prefetch=1,
             backend="thread",
         )
+        iter(collector)  # starts collecting ahead
         envs = collector.envs
         collector.myself = collector
         del collector

@@ -114,6 +114,7 @@ class RolloutLoop:
         check_action_space(envs.single_action_space)
         self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs)
         self.check_obs = ObsChecker(self.obs_space, envs.num_envs)
+        self.reset_pending = False
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.call = "envs.reset()"  # the env or policy call the loop is in or made last, for a stuck thread
         self.has_value: bool | None = None
@@ -121,6 +122,11 @@ class RolloutLoop:
         # Batches on the host are written from NumPy and observations go to the policy from
         # there; batches on CUDA get observations through a page-locked staging row.
         self.on_host = self.storage_device.type == "cpu"
+
+    def reseed(self, seed: int | None) -> None:
+        """Resets the envs with ``seed`` before the next batch (a resumed collector's part of the seed stream)."""
+        self.seed = seed
+        self.reset_pending = True  # set last: a reset already running reads the seed, this one runs again
 
     def reset(self) -> None:
         N = self.num_envs
@@ -141,6 +147,9 @@ class RolloutLoop:
     def collect(self, out: TensorDict | None = None) -> TensorDict:
         T, N = self.num_steps, self.num_envs
         envs = self.envs
+        if self.reset_pending:
+            self.reset_pending = False
+            self.reset()
         if out is None:
             obs_buffer = ObsBuffer(self.obs_space, (T, N), device=self.storage_device)
             host = {key: np.empty((T, N), dtype=dtype) for key, dtype in _HOST_KEYS.items()}

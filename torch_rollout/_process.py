@@ -161,7 +161,23 @@ class ProcessPlacement:
             if dst:
                 torch._foreach_copy_(dst, src)
 
+    def set_version(self, version: int) -> None:
+        """Counts versions on from ``version`` (a resumed collector's), before the first batch."""
+        with _sigint_deferred(), ExitStack() as stack:
+            for lock in self.locks:
+                stack.enter_context(lock)
+            self.control[_VERSION] = version
+
     # -- batches -------------------------------------------------------------------------------
+
+    def reseed(self, seed: int | None) -> None:
+        """Has each worker reset its envs from ``seed`` (its share from ``seed + start``) before its next batch."""
+        with _sigint_deferred():
+            for conn, (start, _) in zip(self.conns, self.shares):
+                try:
+                    conn.send(("reseed", None if seed is None else seed + start))
+                except OSError:  # a worker that died: wait() reports why
+                    pass
 
     def request(self) -> None:
         # Ctrl-C waits: a request that reached only some workers would let those run a batch ahead.
@@ -378,8 +394,13 @@ def _worker_main(
             while True:
                 if credits:
                     credits -= 1
-                elif conn.recv() is not None:  # "stop"
-                    break
+                else:
+                    message = conn.recv()
+                    if isinstance(message, tuple):  # ("reseed", seed), before the first request
+                        loop.reseed(message[1])
+                        continue
+                    if message is not None:  # "stop"
+                        break
                 i = produced % num_slots
                 if slots:
                     loop.collect(slots[i])

@@ -86,7 +86,16 @@ class ThreadPlacement:
             if dst:
                 torch._foreach_copy_(dst, src)
 
+    def set_version(self, version: int) -> None:
+        """Counts versions on from ``version`` (a resumed collector's), before the first batch."""
+        with self.lock:
+            self.version = version
+
     # -- batches -------------------------------------------------------------------------------
+
+    def reseed(self, seed: int | None) -> None:
+        # Before the first request: the thread has at most reset the envs, and does so again first thing.
+        self.loop.reseed(seed)
 
     def request(self) -> None:
         # No call between the count and the request: a KeyboardInterrupt cannot separate them.

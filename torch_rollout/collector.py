@@ -162,6 +162,7 @@ class Collector:
         prefetch: batches collected ahead of the consumer; 0: lockstep; ``None``: 1,
             except 0 for the thread with a CPU policy (it shares the GIL with the
             trainer, and collecting ahead was measured to slow training down).
+            Collection starts with the iteration (``iter()`` or ``next()``).
         seed: seed of the envs' first reset.
         timeout: seconds ``next()`` waits for a batch before raising
             ``TimeoutError`` (an env that hangs); ``None``: wait forever. The
@@ -322,13 +323,16 @@ class Collector:
         # (which the trainer may have replaced); None when the thread acts with the policy itself.
         self._acting: dict[str, Tensor] | None = None if runner is policy else dict(_named_weights(runner))
         self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
-        self._delivered = 0
+        self._delivered = 0  # batches delivered, by earlier collectors (a resumed state's) included
+        self._resumed = 0  # of which earlier collectors delivered
         self._error: BaseException | None = None
         self._driven = self._claim(envs) if isinstance(envs, VectorEnv) else None
+        self.seed = seed
+        self._starts = 1  # collectors over this seed stream, this one included (load_state_dict continues it)
         self.closed = False
         _live.add(self)
+        # Nothing is collected before iter() or next(): until then load_state_dict() may still reseed the envs.
         self._placement.start()
-        self._request(ahead=prefetch)
 
     def _claim(self, envs: VectorEnv) -> int:
         """Records this collector as the one stepping ``envs`` (wrappers included); refuses a second one."""
@@ -353,6 +357,8 @@ class Collector:
                 f"Collector: cannot iterate again: the collector already delivered all {self._num_batches} batches "
                 f"of total_timesteps={self.total_timesteps}; create a new Collector"
             )
+        if not self.closed and self._error is None:
+            self._request(ahead=self.prefetch)  # collection starts here (or at the first next())
         return self
 
     def __next__(self) -> TensorDict:
@@ -401,16 +407,18 @@ class Collector:
         Counted by the placement together with each request: a request that an interrupted call made is not
         made again, so collection never runs more than ``prefetch`` batches ahead.
         """
-        wanted = self._delivered + ahead
+        # The placement counts its own requests; batches of earlier collectors (load_state_dict) are not its.
+        wanted = self._delivered - self._resumed + ahead
         if self._num_batches is not None:
-            wanted = min(wanted, self._num_batches)
+            wanted = min(wanted, self._num_batches - self._resumed)
         while self._placement.requested < wanted:
             self._placement.request()
 
     def __len__(self) -> int:
+        """Batches this collector delivers in all: those of ``total_timesteps`` left after a resumed state's."""
         if self._num_batches is None:
             raise TypeError("Collector: len() needs total_timesteps; this collector is endless")
-        return self._num_batches
+        return max(0, self._num_batches - self._resumed)
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -441,6 +449,81 @@ class Collector:
         src, dst = dict(_named_weights(self.policy)), self._acting
         _check_same_structure(src, dst, _copy_reason(self.backend, self.prefetch)[0])
         return [dst[name] for name in src], list(src.values())
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a new collector needs to carry on where this one stands, for a checkpoint.
+
+        Returns:
+            A dict of plain ints (``torch.save`` and ``pickle`` it as it is):
+            ``batches`` and ``env_steps`` delivered, ``policy_version``, and the
+            seed stream (``seed``, ``starts``: collectors that have reset the envs
+            from it), with ``num_steps`` and ``num_envs`` to check it against.
+
+        What it cannot hold is the envs' own state: episodes in progress (and
+        the batches collected ahead but not delivered) are lost, and a resumed
+        collector starts every env on a new episode.
+        """
+        return {
+            "batches": self._delivered,
+            "env_steps": self._delivered * self.num_steps * self.num_envs,
+            "policy_version": self.policy_version,
+            "seed": self.seed,
+            "starts": self._starts,
+            "num_steps": self.num_steps,
+            "num_envs": self.num_envs,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Carries on from the :meth:`state_dict` of an earlier collector; call it before iterating.
+
+        Afterwards this collector counts on from the batches delivered (with
+        ``total_timesteps`` it delivers only those left of the budget, and
+        ``len()`` counts those),
+        :attr:`policy_version` and the rows' ``policy_version`` continue from the
+        saved one, and the envs are reset from the next part of the seed stream:
+        the ``k``-th collector over ``seed`` (``k = starts``) resets env ``j``
+        with ``seed + k * num_envs + j``, so a resumed run never replays the
+        episodes its first part began with. Pass the same ``seed`` as before to
+        continue the same stream.
+
+        Raises:
+            RuntimeError: once collection has started (``iter()`` or ``next()``), or on a closed collector.
+            ValueError: for a state that is not a :meth:`state_dict` or was saved
+                with another ``num_steps * num_envs``.
+        """
+        if self.closed:
+            raise RuntimeError("Collector.load_state_dict: the collector is closed; create a new Collector")
+        if self._delivered or self._placement.requested:
+            raise RuntimeError(
+                "Collector.load_state_dict: must be called before iterating (this collector has started "
+                "collecting); create a new Collector and load the state into it before iter() or next()"
+            )
+        keys = ("batches", "policy_version", "starts", "num_steps", "num_envs")
+        if not isinstance(state, Mapping) or any(not isinstance(state.get(k), int) for k in keys):
+            raise ValueError(
+                f"Collector.load_state_dict: expected the dict of Collector.state_dict() with int entries "
+                f"{list(keys)}, got {state!r}"
+            )
+        saved, now = state["num_steps"] * state["num_envs"], self.num_steps * self.num_envs
+        if saved != now:
+            raise ValueError(
+                f"Collector.load_state_dict: the state counts batches of num_steps * num_envs = "
+                f"{state['num_steps']} * {state['num_envs']} = {saved} env steps, this collector's are "
+                f"{self.num_steps} * {self.num_envs} = {now}; resume with the same batch size"
+            )
+        self._placement.set_version(state["policy_version"])
+        self._delivered = self._resumed = state["batches"]
+        self._starts = state["starts"] + 1
+        if self.seed is not None:
+            self._placement.reseed(self.seed + state["starts"] * self.num_envs)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "Collector cannot be pickled or copied: it runs a thread or worker processes that step live envs; "
+            "save collector.state_dict() and load it into a new Collector with load_state_dict()"
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
