@@ -6,13 +6,17 @@ the key, what was received and what was expected.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from torch import nn
 
+from counting_env import make_counting_envs
+from placements import PLACEMENTS, envs_for
 from reliability_envs import (
     ActionEchoEnv,
     BadObsVectorEnv,
@@ -181,6 +185,23 @@ def test_actions_outside_the_action_space(space, action, message):
     envs = SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2)
     info = collect_error(envs, action_policy(action))
     assert str(info.value) == f"Collector: policy output 'action' {message}"
+
+
+class OutOfRangeForEnv3(nn.Module):
+    """Action 0, except 3 (outside Discrete(3)) for the CountingEnv whose global index (obs[:, 0]) is 3."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": torch.where(obs[:, 0] == 3, 3, 0), "value": torch.zeros(obs.shape[0])}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_an_action_outside_the_space_names_the_env_by_its_global_index(placement):
+    # with two worker processes env 3 is the second env of the second worker
+    envs, extra = envs_for(placement, make_counting_envs, 4)
+    with pytest.raises(ValueError, match=re.escape("'action' for env 3 is 3, outside Discrete(3); expected integers")):
+        kwargs = {"num_steps": 4, "device": "cpu", "timeout": TIMEOUT, **placement, **extra}
+        with Collector(envs, OutOfRangeForEnv3(), **kwargs) as collector:
+            next(collector)
 
 
 @pytest.mark.parametrize(

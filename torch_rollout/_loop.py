@@ -112,7 +112,7 @@ class RolloutLoop:
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
-        self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs)
+        self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs, env_offset=env_offset)
         self.check_obs = ObsChecker(self.obs_space, envs.num_envs)
         self.reset_pending = False
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t

@@ -263,9 +263,10 @@ class ActionConverter:
     env may or may not notice.
     """
 
-    def __init__(self, space: spaces.Space, num_envs: int) -> None:
+    def __init__(self, space: spaces.Space, num_envs: int, *, env_offset: int = 0) -> None:
         check_action_space(space)
         self.space = space
+        self.env_offset = env_offset  # global index of env 0, for error messages
         self.shape = (num_envs,) + _space_shape(space)
         self.dtype = np.dtype(space.dtype)
         self.discrete = not isinstance(space, spaces.Box)
@@ -312,7 +313,7 @@ class ActionConverter:
         index = int(np.flatnonzero(bad)[0])
         high = self.start + self.count - 1
         raise ValueError(
-            f"Collector: policy output 'action' for env {index} is {array[index].tolist()}, outside "
+            f"Collector: policy output 'action' for env {index + self.env_offset} is {array[index].tolist()}, outside "
             f"{self.space!r}; expected integers from {np.asarray(self.start).tolist()} to "
             f"{np.asarray(high).tolist()}"
         )
