@@ -73,8 +73,23 @@ def _forkservers() -> set[int]:
     return set() if pid is None else {pid}
 
 
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+def shm_in_use(pids: set[int]) -> set[str]:
+    """The /dev/shm entries that processes ``pids`` have mapped or open (named semaphores, shared memory).
+
+    Only these: other processes on the machine (tests run in parallel) create and remove entries too.
+    """
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found |= {line.split()[-1] for line in f if " /dev/shm/" in line and "(deleted)" not in line}
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/") and "(deleted)" not in target:
+                    found.add(target)
+        except OSError:  # it exited meanwhile
+            continue
+    return found
 
 
 def mapped_semaphores() -> set[str]:
@@ -345,14 +360,16 @@ def run_trainer(action: str) -> tuple[subprocess.Popen, set[int]]:
 
 
 def test_trainer_killed_with_sigkill_takes_its_workers_and_shared_memory_along():
-    shm = shm_entries()
     proc, children = run_trainer("time.sleep(600)")
     assert len(children) >= 3  # the forkserver and two workers at least
+    used = shm_in_use({proc.pid, *children})
+    assert any(path.startswith("/dev/shm/sem.") for path in used)  # the workers' weight locks at least
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)
     gone = wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)
     assert gone, f"still alive 5 s after the trainer was killed: {[p for p in children if os.path.exists(f'/proc/{p}')]}"
-    assert wait_until(lambda: shm_entries() <= shm, 5.0), f"left in /dev/shm: {shm_entries() - shm}"
+    left = lambda: {path for path in used if os.path.exists(path)}  # noqa: E731
+    assert wait_until(lambda: not left(), 5.0), f"left in /dev/shm: {left()}"
 
 
 def test_ctrl_c_in_the_trainer_closes_everything():

@@ -410,13 +410,15 @@ from torch_rollout import Collector
 
 envs = SyncVectorEnv(faulty_fns(2, 0, fault="step_blocks", at=3))
 collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", prefetch=1)  # no timeout
+iter(collector)  # starts collecting ahead
 assert wait_until(lambda: envs.envs[0].steps == 3, 60)  # the thread is in env 0's third step for good
 print("exiting", flush=True)
 """
 
 # The interpreter must be gone this long after the script's last line: the collector's bounded wait
-# for its stuck thread (2 s proposed) plus the interpreter's own teardown.
-EXIT_BOUND = 4.0
+# for its stuck thread (2 s, which the warning states) plus the interpreter's own teardown. That
+# teardown took over 2 s on the 2-core machine under a load of 9; before the fix the wait alone was 10 s.
+EXIT_BOUND = 8.0
 
 
 def test_interpreter_exit_with_a_thread_stuck_in_the_env_is_bounded_and_says_where():
@@ -447,7 +449,7 @@ def test_interpreter_exit_with_a_thread_stuck_in_the_env_is_bounded_and_says_whe
         raise
     assert time.monotonic() - start < EXIT_BOUND
     assert proc.returncode == 0, err
-    assert "RuntimeWarning: Collector" in err, err
+    assert "RuntimeWarning: Collector.close: at interpreter exit the background thread did not stop within 2.0 s" in err
     assert "envs.step()" in err, err  # the call the thread is stuck in
     assert "reliability_envs.py" in err, err  # and where: the env's own code
 
