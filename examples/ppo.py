@@ -11,6 +11,7 @@ Usage::
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
+    python examples/ppo.py --resume runs/ppo_CartPole-v1_seed1/checkpoint.pt   # carry on a stopped run
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import csv
 import dataclasses
 import functools
 import math
+import os
 import sys
 import time
 import types
@@ -88,6 +90,7 @@ class Config:
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
     return_window: int = 20  # episodes in the reported mean return
+    checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
 
 
@@ -259,10 +262,17 @@ class Agent(nn.Module):
 class Logger:
     """One CSV row per iteration, mirrored to TensorBoard when it is installed."""
 
-    def __init__(self, run_dir: Path, fields: list[str]) -> None:
-        self.file = open(run_dir / "progress.csv", "w", newline="")
+    def __init__(self, run_dir: Path, fields: list[str], *, resume_step: int | None = None) -> None:
+        path = run_dir / "progress.csv"
+        kept = []
+        if resume_step is not None and path.exists():
+            # rows logged after the checkpoint are logged again by the resumed run: keep the curve continuous
+            with open(path, newline="") as f:
+                kept = [row for row in csv.DictReader(f) if int(float(row["step"])) <= resume_step]
+        self.file = open(path, "w", newline="")
         self.csv = csv.DictWriter(self.file, fieldnames=fields)
         self.csv.writeheader()
+        self.csv.writerows(kept)
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional
@@ -291,8 +301,11 @@ LOG_FIELDS = [
 ]  # fmt: skip
 
 
-def train(cfg: Config) -> float:
-    """Trains PPO as configured; writes CSV, plot and checkpoint; returns the final mean return."""
+def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
+    """Trains PPO as configured, or carries on from a checkpoint `resume`; writes CSV, plot and checkpoints.
+
+    Returns the final mean return.
+    """
     start = time.perf_counter()
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
@@ -300,6 +313,7 @@ def train(cfg: Config) -> float:
     run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    checkpoint_path = run_dir / "checkpoint.pt"
 
     if cfg.backend != "thread" and (cfg.normalize_obs or cfg.normalize_reward):
         # until env infos travel with the batch, the raw returns and the observation statistics
@@ -323,74 +337,111 @@ def train(cfg: Config) -> float:
     batch_steps = cfg.num_envs * cfg.num_steps
     num_iterations = math.ceil(cfg.total_timesteps / batch_steps)
     recent = deque(maxlen=cfg.return_window)
-    mean_return, episodes = math.nan, 0
-    logger = Logger(run_dir, LOG_FIELDS)
-    progress = tqdm(total=num_iterations * batch_steps, unit="step", mininterval=1 if sys.stderr.isatty() else 30)
+    mean_return, episodes, done_iterations, wall_offset = math.nan, 0, 0, 0.0
+    if resume is not None:
+        agent.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        shuffle_gen.set_state(resume["shuffle_rng"])
+        torch.set_rng_state(resume["torch_rng"])
+        done_iterations, episodes, wall_offset = resume["iteration"], resume["episodes"], resume["wall_time"]
+        recent.extend(resume["recent_returns"])
+        if resume["obs_rms"] is not None and cfg.backend == "thread":
+            set_obs_rms(find_wrapper(envs, gym.wrappers.vector.NormalizeObservation), resume["obs_rms"])
+    logger = Logger(run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps)
+    progress = tqdm(
+        total=num_iterations * batch_steps, initial=done_iterations * batch_steps, unit="step",
+        mininterval=1 if sys.stderr.isatty() else 30,
+    )  # fmt: skip
     collector = Collector(
         envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
         backend=cfg.backend, num_workers=cfg.num_workers,
     )  # fmt: skip
-    with collector:
-        waited_from = time.perf_counter()
-        for iteration, batch in enumerate(collector, start=1):  # batch: TensorDict [T, N]
-            # time/wait_s: how long this batch kept the trainer waiting (in lockstep: the whole collection)
-            wait_s = time.perf_counter() - waited_from
-            global_step = iteration * batch_steps
-            if raw_returns is None:
-                finished = batch["done"] & batch["mask"]
-                recent.extend(batch["episode_return"][finished].tolist())
-                episodes += int(finished.sum())
-            else:
-                # the collector thread appends to these; tuple() copies without yielding the GIL
-                recent = tuple(raw_returns.return_queue)
-                episodes = raw_returns.episode_count
-            if recent:
-                mean_return = float(np.mean(recent))
+    if resume is not None:
+        # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)
+        collector.load_state_dict(resume["collector"])
 
-            lr = cfg.learning_rate * (1 - (iteration - 1) / num_iterations) if cfg.anneal_lr else cfg.learning_rate
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-
-            # mask is False on NEXT_STEP reset rows: they are not transitions, keep them out
-            data = batch.select("obs", "action", "log_prob", "value", "advantage", "return")[batch["mask"]]  # [B]
-            update_start = time.perf_counter()
-            stats = update(agent, optimizer, data, cfg, shuffle_gen)
-            update_s = time.perf_counter() - update_start
-
-            ret, val = data["return"], data["value"]
-            explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
-            sps = global_step / (time.perf_counter() - start)
-            logger.log({
-                "step": global_step, "wall_time": time.perf_counter() - start, "charts/mean_return": mean_return,
-                "charts/episodes": episodes, "charts/sps": sps, "charts/learning_rate": lr,
-                # rows collected by weights older than the ones just trained (1 with prefetch=1)
-                "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
-                "losses/explained_variance": explained_var, "time/wait_s": wait_s, "time/update_s": update_s,
-                **stats,
-            })  # fmt: skip
-            progress.update(batch_steps)
-            progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
-            waited_from = time.perf_counter()
-    progress.close()
-    logger.close()
-    if cfg.backend == "thread":
-        envs.close()
-
-    obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation) if cfg.backend == "thread" else None
-    torch.save(
-        {
+    def save_checkpoint(iteration: int) -> None:
+        obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation) if cfg.backend == "thread" else None
+        state = {
             "config": dataclasses.asdict(cfg),
             "model": agent.state_dict(),
             # --eval must normalise observations exactly as the agent saw them in training
-            "obs_rms": None if obs_norm is None else {
-                "mean": torch.as_tensor(obs_norm.obs_rms.mean),
-                "var": torch.as_tensor(obs_norm.obs_rms.var),
-                "count": float(obs_norm.obs_rms.count),
-            },
-        },
-        run_dir / "checkpoint.pt",
-    )  # fmt: skip
+            "obs_rms": None if obs_norm is None else get_obs_rms(obs_norm),
+            # what --resume needs besides: where the run stands, the optimizer, the random streams
+            "iteration": iteration,
+            "optimizer": optimizer.state_dict(),
+            "collector": collector.state_dict(),
+            "shuffle_rng": shuffle_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "episodes": episodes,
+            "recent_returns": list(recent),
+            "wall_time": wall_offset + time.perf_counter() - start,
+        }
+        # a Ctrl-C or a crash in the middle of writing must not destroy the last good checkpoint
+        torch.save(state, checkpoint_path.with_suffix(".tmp"))
+        os.replace(checkpoint_path.with_suffix(".tmp"), checkpoint_path)
+
+    iteration = done_iterations
+    try:
+        with collector:
+            waited_from = time.perf_counter()
+            for iteration, batch in enumerate(collector, start=done_iterations + 1):  # batch: TensorDict [T, N]
+                # time/wait_s: how long this batch kept the trainer waiting (in lockstep: the whole collection)
+                wait_s = time.perf_counter() - waited_from
+                global_step = iteration * batch_steps
+                if raw_returns is None:
+                    finished = batch["done"] & batch["mask"]
+                    recent.extend(batch["episode_return"][finished].tolist())
+                    episodes += int(finished.sum())
+                else:
+                    # the collector thread appends to these; tuple() copies without yielding the GIL
+                    recent = tuple(raw_returns.return_queue)
+                    episodes = raw_returns.episode_count
+                if recent:
+                    mean_return = float(np.mean(recent))
+
+                lr = cfg.learning_rate * (1 - (iteration - 1) / num_iterations) if cfg.anneal_lr else cfg.learning_rate
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+
+                # mask is False on NEXT_STEP reset rows: they are not transitions, keep them out
+                data = batch.select("obs", "action", "log_prob", "value", "advantage", "return")[batch["mask"]]  # [B]
+                update_start = time.perf_counter()
+                stats = update(agent, optimizer, data, cfg, shuffle_gen)
+                update_s = time.perf_counter() - update_start
+
+                ret, val = data["return"], data["value"]
+                explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
+                sps = (global_step - done_iterations * batch_steps) / (time.perf_counter() - start)
+                logger.log({
+                    "step": global_step, "wall_time": wall_offset + time.perf_counter() - start,
+                    "charts/mean_return": mean_return,
+                    "charts/episodes": episodes, "charts/sps": sps, "charts/learning_rate": lr,
+                    # rows collected by weights older than the ones just trained (1 with prefetch=1)
+                    "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
+                    "losses/explained_variance": explained_var, "time/wait_s": wait_s, "time/update_s": update_s,
+                    **stats,
+                })  # fmt: skip
+                progress.update(batch_steps)
+                progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
+                waited_from = time.perf_counter()
+                if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
+                    save_checkpoint(iteration)
+    except KeyboardInterrupt:
+        progress.close()
+        logger.close()
+        print(
+            f"\ninterrupted in iteration {iteration + 1}; carry on from the last checkpoint with:\n"
+            f"  python examples/ppo.py --resume {checkpoint_path}",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
+    progress.close()
+    logger.close()
+    save_checkpoint(iteration)
+    if cfg.backend == "thread":
+        envs.close()
     plot_learning_curve(
         run_dir / "progress.csv", run_dir / "learning_curve.png",
         title=f"PPO on {cfg.env_id}, seed {cfg.seed}", window=cfg.return_window,
@@ -470,6 +521,18 @@ def plot_learning_curve(csv_path: Path, png_path: Path, *, title: str, window: i
     plt.close(fig)
 
 
+def get_obs_rms(obs_norm: Any) -> dict[str, Any]:
+    """The running statistics of a NormalizeObservation wrapper, as tensors (weights_only checkpoints)."""
+    rms = obs_norm.obs_rms
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+
+
+def set_obs_rms(obs_norm: Any, saved: dict[str, Any]) -> None:
+    obs_norm.obs_rms.mean = saved["mean"].numpy()
+    obs_norm.obs_rms.var = saved["var"].numpy()
+    obs_norm.obs_rms.count = saved["count"]
+
+
 def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[float, float]:
     """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -478,9 +541,7 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
     envs = make_envs(cfg, cfg.eval_episodes, training=False)
     if state["obs_rms"] is not None:
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
-        obs_norm.obs_rms.mean = state["obs_rms"]["mean"].numpy()
-        obs_norm.obs_rms.var = state["obs_rms"]["var"].numpy()
-        obs_norm.obs_rms.count = state["obs_rms"]["count"]
+        set_obs_rms(obs_norm, state["obs_rms"])
         obs_norm.update_running_mean = False
     agent = Agent(envs.single_observation_space, envs.single_action_space, cfg)
     agent.load_state_dict(state["model"])
@@ -510,11 +571,29 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
     parser.add_argument("--eval", metavar="CHECKPOINT", default=None, help="evaluate a checkpoint instead")
+    parser.add_argument(
+        "--resume", metavar="CHECKPOINT", default=None,
+        help="carry on the run of a checkpoint (its config, then the overrides, e.g. a larger total_timesteps)",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. seed=2")
     args = parser.parse_args(argv)
     try:
         if args.eval is not None:
             evaluate(args.eval, args.overrides)
+        elif args.resume is not None:
+            state = torch.load(args.resume, map_location="cpu", weights_only=True)
+            if "collector" not in state:
+                raise ConfigError(f"--resume {args.resume}: not a checkpoint of this version of the example")
+            # by default the run carries on in the checkpoint's folder
+            base = {**state["config"], "run_dir": str(Path(args.resume).resolve().parent)}
+            cfg = load_config(None, args.overrides, base=base)
+            done = state["iteration"] * cfg.num_envs * cfg.num_steps
+            if done >= cfg.total_timesteps:
+                raise ConfigError(
+                    f"--resume {args.resume}: the run is complete ({done} steps of total_timesteps="
+                    f"{cfg.total_timesteps}); pass a larger total_timesteps=... to carry on"
+                )
+            train(cfg, resume=state)
         else:
             train(load_config(args.config or DEFAULT_CONFIG, args.overrides))
     except ConfigError as error:

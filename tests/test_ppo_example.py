@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +166,70 @@ def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
         torch.set_num_threads(threads)
     assert -2000 < mean < 0 and std >= 0  # Pendulum's returns are negative
     assert EVAL_LINE.search(capsys.readouterr().out)
+
+
+def read_steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "progress.csv", newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_run_stopped_by_ctrl_c_resumes_to_the_same_final_step_with_a_continuous_curve(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    batch, iterations = 4 * 32, 12
+    args = [f"total_timesteps={batch * iterations}", "num_envs=4", "num_steps=32", f"run_dir={run_dir}"]
+    args += [f"backend={backend}", "checkpoint_every=2", "prefetch=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-W", "error", str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run_dir / "progress.csv").exists() and len(read_steps(run_dir)) >= 5:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before it could be interrupted: {proc.communicate()}"
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "checkpoint.pt" in err
+    stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
+    assert 2 <= stopped_at < iterations and stopped_at % 2 == 0
+
+    run_script("--resume", str(run_dir / "checkpoint.pt"))
+    # rows logged after the last checkpoint were logged again by the resumed run, not twice
+    assert read_steps(run_dir) == [batch * i for i in range(1, iterations + 1)]
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert final["iteration"] == iterations
+    assert final["collector"]["batches"] == iterations and final["collector"]["starts"] == 2
+    # the policy versions went on counting: one refresh per batch in each part of the run
+    assert final["collector"]["policy_version"] >= iterations
+
+
+def test_resume_carries_the_optimizer_and_schedule_on_and_refuses_a_finished_run(ppo, tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        args = ["total_timesteps=256", "num_envs=2", "num_steps=32", f"run_dir={tmp_path}", "backend=thread"]
+        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", args))
+        first = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(["--resume", str(tmp_path / "checkpoint.pt")])
+        assert exit_info.value.code == 2
+        assert "the run is complete (256 steps of total_timesteps=256)" in capsys.readouterr().err
+
+        ppo.main(["--resume", str(tmp_path / "checkpoint.pt"), "total_timesteps=512"])
+        second = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert read_steps(tmp_path) == [64 * i for i in range(1, 9)]
+    adam_steps = lambda ckpt: int(next(iter(ckpt["optimizer"]["state"].values()))["step"])  # noqa: E731
+    assert adam_steps(second) == 2 * adam_steps(first) > 0, "the optimizer's state was carried on"
+    assert second["collector"]["policy_version"] > first["collector"]["policy_version"]
+    with open(tmp_path / "progress.csv", newline="") as f:
+        lrs = [float(row["charts/learning_rate"]) for row in csv.DictReader(f)]
+    assert lrs[4:] == sorted(lrs[4:], reverse=True) and lrs[4] < lrs[0], "the schedule goes on from iteration 5"
