@@ -225,6 +225,12 @@ class Collector:
             vector env that another open collector steps, or a lazy policy
             (``nn.LazyLinear``) not run yet that the collector must copy.
 
+    Warns:
+        UserWarning: for each probabilistic tensordict module of the policy whose
+            ``default_interaction_type`` is not RANDOM: the collector acts with it
+            without sampling (TorchRL's ``ProbabilisticActor`` defaults to
+            DETERMINISTIC).
+
     Examples:
         >>> import torch
         >>> from torch import nn
