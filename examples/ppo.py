@@ -179,9 +179,9 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
     """
     envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync")
     if cfg.normalize_reward and training:
-        # NormalizeReward rescales what the collector sees, so its episode_return is no
-        # longer the env's return: record the raw returns beneath the scaling
-        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs, buffer_length=cfg.return_window)
+        # NormalizeReward rescales what the collector sees, so its episode_return is no longer
+        # the env's return: record the raw returns beneath the scaling (the "episode" info)
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     if cfg.clip_action:
         envs = gym.wrappers.vector.ClipAction(envs)
     if cfg.normalize_obs:
@@ -315,10 +315,10 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     checkpoint_path = run_dir / "checkpoint.pt"
 
-    if cfg.backend != "thread" and (cfg.normalize_obs or cfg.normalize_reward):
-        # until env infos travel with the batch, the raw returns and the observation statistics
-        # are read from the wrappers, which must then live in this process
-        raise ConfigError(f"normalize_obs and normalize_reward need backend=thread, got backend={cfg.backend}")
+    if cfg.backend != "thread" and cfg.normalize_obs:
+        # the checkpoint saves the observation statistics for --eval, read from the wrapper, which must then
+        # live in this process (worker processes would each keep statistics of their own)
+        raise ConfigError(f"normalize_obs needs backend=thread, got backend={cfg.backend}")
     if cfg.backend == "thread":
         envs = make_envs(cfg, cfg.num_envs)
         spaces = envs
@@ -326,7 +326,6 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         envs = functools.partial(make_envs, cfg)
         spaces = make_envs(cfg, 1)
         spaces.close()
-    raw_returns = find_wrapper(envs, gym.wrappers.vector.RecordEpisodeStatistics) if cfg.backend == "thread" else None
     agent = Agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
     # fused: one kernel for all parameters instead of a loop over them (an update 8% faster on the CPU here)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
@@ -356,6 +355,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
         backend=cfg.backend, num_workers=cfg.num_workers,
+        # the env's own returns, beneath NormalizeReward (see make_envs); else episode_return is that
+        info_keys=("episode",) if cfg.normalize_reward else None,
     )  # fmt: skip
     if resume is not None:
         # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)
@@ -390,14 +391,14 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 # time/wait_s: how long this batch kept the trainer waiting (in lockstep: the whole collection)
                 wait_s = time.perf_counter() - waited_from
                 global_step = iteration * batch_steps
-                if raw_returns is None:
-                    finished = batch["done"] & batch["mask"]
-                    recent.extend(batch["episode_return"][finished].tolist())
-                    episodes += int(finished.sum())
+                if cfg.normalize_reward:
+                    finished = batch["info", "_episode"]  # [T, N]: RecordEpisodeStatistics' episode ends
+                    returns = batch["info", "episode", "r"][finished]
                 else:
-                    # the collector thread appends to these; tuple() copies without yielding the GIL
-                    recent = tuple(raw_returns.return_queue)
-                    episodes = raw_returns.episode_count
+                    finished = batch["done"] & batch["mask"]
+                    returns = batch["episode_return"][finished]
+                recent.extend(returns.tolist())
+                episodes += int(finished.sum())
                 if recent:
                     mean_return = float(np.mean(recent))
 

@@ -233,3 +233,29 @@ def test_resume_carries_the_optimizer_and_schedule_on_and_refuses_a_finished_run
     with open(tmp_path / "progress.csv", newline="") as f:
         lrs = [float(row["charts/learning_rate"]) for row in csv.DictReader(f)]
     assert lrs[4:] == sorted(lrs[4:], reverse=True) and lrs[4] < lrs[0], "the schedule goes on from iteration 5"
+
+
+def test_normalize_reward_in_worker_processes_logs_the_envs_own_returns(tmp_path):
+    run_dir = tmp_path / "run"
+    run_script(
+        "normalize_reward=true", "backend=process", "num_envs=2", "num_steps=64", "total_timesteps=512",
+        f"run_dir={run_dir}",
+    )  # fmt: skip
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["charts/episodes"]) > 0]
+    assert rows
+    for row in rows:
+        # CartPole's returns are whole numbers (a reward of 1 per step), the normalised rewards' sums are not:
+        # the logged mean of the last episodes times their count is a whole number.
+        total = float(row["charts/mean_return"]) * min(int(row["charts/episodes"]), 20)
+        assert total >= 8 and abs(total - round(total)) < 1e-6, row
+
+
+def test_normalize_obs_with_worker_processes_is_refused(ppo, tmp_path):
+    cfg = ppo.load_config(None, ["normalize_obs=true", "backend=process", f"run_dir={tmp_path}"])
+    threads = torch.get_num_threads()  # train() sets the process's torch threads first
+    try:
+        with pytest.raises(ppo.ConfigError, match=re.escape("normalize_obs needs backend=thread, got backend=process")):
+            ppo.train(cfg)
+    finally:
+        torch.set_num_threads(threads)

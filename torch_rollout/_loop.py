@@ -18,6 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
+from torch_rollout._infos import InfoRecorder
 from torch_rollout._spaces import (
     ActionConverter,
     Obs,
@@ -49,10 +50,10 @@ _HOST_KEYS = {
 }
 
 
-def call_policy(policy: nn.Module, obs: Obs) -> Any:
-    """Calls ``policy`` on a batch of observations; a TensorDictModule reads them as ``"obs"``."""
+def call_policy(policy: nn.Module, obs: Obs, obs_key: str = "obs") -> Any:
+    """Calls ``policy`` on a batch of observations; a TensorDictModule reads them as ``obs_key``."""
     if isinstance(policy, TensorDictModuleBase):
-        return policy(TensorDict({"obs": obs}, batch_size=obs.shape[:1], device=obs.device))
+        return policy(TensorDict({obs_key: obs}, batch_size=obs.shape[:1], device=obs.device))
     return policy(obs)
 
 
@@ -63,12 +64,13 @@ class Stopped(Exception):
 class RolloutLoop:
     """Collects ``[num_steps, num_envs]`` batches of one vector env with one policy.
 
-    A batch is a TensorDict on ``storage_device`` with ``obs``, every policy
-    output, ``reward``, ``terminated``, ``truncated``, ``mask``,
-    ``episode_return``, ``episode_length``, ``policy_version`` and, when the
-    policy returns ``"value"``, ``next_value``. ``collect(out)`` writes into
-    ``out`` (a batch of an earlier call, e.g. a shared-memory slot) or into new
-    tensors when ``out`` is None.
+    A batch is a TensorDict on ``storage_device`` with ``obs`` (named
+    ``obs_key``), every policy output, ``reward``, ``terminated``,
+    ``truncated``, ``mask``, ``episode_return``, ``episode_length``,
+    ``policy_version``, ``info`` with ``info_keys`` and, when the policy
+    returns ``"value"`` (or TorchRL's ``"state_value"``), ``next_value``.
+    ``collect(out)`` writes into ``out`` (a batch of an earlier call, e.g. a
+    shared-memory slot) or into new tensors when ``out`` is None.
 
     Args:
         envs: the vector env; the loop resets it with ``seed`` and then owns its stepping.
@@ -82,6 +84,8 @@ class RolloutLoop:
         check_finite: raise on NaN or inf observations, rewards and actions.
         stop: polled before each step; True raises :class:`Stopped`.
         env_offset: global index of env 0, for error messages.
+        info_keys: ``{key: example or None}`` of the env infos to keep (see :class:`InfoRecorder`).
+        obs_key: the batch key of observations, and the key a TensorDictModule reads them from.
     """
 
     def __init__(
@@ -97,6 +101,8 @@ class RolloutLoop:
         check_finite: bool = False,
         stop: Callable[[], bool] = lambda: False,
         env_offset: int = 0,
+        info_keys: Mapping[str, Any] | None = None,
+        obs_key: str = "obs",
     ) -> None:
         self.envs = envs
         self.forward = forward
@@ -109,6 +115,10 @@ class RolloutLoop:
         self.check_finite = check_finite
         self.stop = stop
         self.env_offset = env_offset
+        self.obs_key = obs_key
+        self.infos = None if info_keys is None else InfoRecorder(
+            info_keys, num_envs=envs.num_envs, autoreset_mode=autoreset_mode, env_offset=env_offset
+        )  # fmt: skip
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
@@ -118,6 +128,7 @@ class RolloutLoop:
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.call = "envs.reset()"  # the env or policy call the loop is in or made last, for a stuck thread
         self.has_value: bool | None = None
+        self.value_key = "value"  # or TorchRL's "state_value", when the policy returns that instead
         self.output_keys: list[str] | None = None
         # Batches on the host are written from NumPy and observations go to the policy from
         # there; batches on CUDA get observations through a page-locked staging row.
@@ -131,7 +142,7 @@ class RolloutLoop:
     def reset(self) -> None:
         N = self.num_envs
         self.call = "envs.reset()"
-        obs, _ = self.envs.reset(seed=self.seed)
+        obs, self.reset_infos = self.envs.reset(seed=self.seed)
         self.check_obs(obs, "envs.reset()")
         if self.check_finite:
             self._check_finite(obs, None, "envs.reset()")
@@ -155,11 +166,14 @@ class RolloutLoop:
             host = {key: np.empty((T, N), dtype=dtype) for key, dtype in _HOST_KEYS.items()}
             outputs: dict[str, Tensor] | None = None
         else:
-            obs_buffer = ObsBuffer.wrap(self.obs_space, out["obs"])
+            obs_buffer = ObsBuffer.wrap(self.obs_space, out[self.obs_key])
             host = {key: out[key].numpy() for key in _HOST_KEYS} if self.on_host else {
                 key: np.empty((T, N), dtype=dtype) for key, dtype in _HOST_KEYS.items()
             }
             outputs = {key: out[key] for key in self.output_keys}
+        info_rows = None
+        if self.infos is not None and out is not None:
+            info_rows = self.infos.views(out["info"]) if self.on_host else self.infos.empty_rows(T)
         reward, terminated, truncated = host["reward"], host["terminated"], host["truncated"]
         mask, ep_return, ep_length, versions = (
             host["mask"], host["episode_return"], host["episode_length"], host["policy_version"]
@@ -191,6 +205,7 @@ class RolloutLoop:
             done = term | trunc
             reward[t], terminated[t], truncated[t] = r, term, trunc
 
+            real = None
             if self.autoreset_mode == AutoresetMode.NEXT_STEP:
                 # This step reset the envs that ended last step: not a real transition.
                 mask[t] = real = ~self.prev_done
@@ -198,6 +213,12 @@ class RolloutLoop:
                 self.ep_length += real
             else:
                 self.ep_length += 1
+            if self.infos is not None:
+                if info_rows is None:
+                    if self.infos.structures is None:
+                        self.infos.learn(self.reset_infos, info)
+                    info_rows = self.infos.empty_rows(T)
+                self.infos.record(info_rows, t, info, done, real)
             self.ep_return += r
             ep_return[t], ep_length[t] = self.ep_return, self.ep_length
             if done.any():
@@ -207,15 +228,19 @@ class RolloutLoop:
             self.obs = next_obs
 
         if out is None:
-            batch = {"obs": obs_buffer.tensor, **outputs}
+            batch = {self.obs_key: obs_buffer.tensor, **outputs}
             for key, array in host.items():
                 batch[key] = torch.from_numpy(array).to(self.storage_device, non_blocking=True)
+            if info_rows is not None:
+                batch["info"] = self.infos.tensordict(info_rows, [T, N], self.storage_device)
             if self.has_value:
-                batch["next_value"] = torch.empty_like(outputs["value"])
+                batch["next_value"] = torch.empty_like(outputs[self.value_key])
             out = TensorDict(batch, batch_size=[T, N], device=self.storage_device)
         elif not self.on_host:
             for key, array in host.items():
                 out[key].copy_(torch.from_numpy(array), non_blocking=True)
+            if info_rows is not None:
+                out["info"].copy_(self.infos.tensordict(info_rows, [T, N], torch.device("cpu")), non_blocking=True)
         if self.has_value:
             self._write_next_value(out, final_values)
         return out
@@ -256,7 +281,7 @@ class RolloutLoop:
                 final = select_obs(self.obs_space, next_obs, index)
             # One batched forward for every env that ended this step.
             raw, _ = self._forward(obs_to_tensor(self.obs_space, final, self.device))
-            final_values.append((t, index, self._check_outputs(raw, len(index))["value"]))
+            final_values.append((t, index, self._check_outputs(raw, len(index))[self.value_key]))
         if mode == AutoresetMode.DISABLED:
             self.call = "envs.reset(options={'reset_mask': ...})"
             next_obs, _ = self.envs.reset(options={"reset_mask": done})
@@ -273,9 +298,9 @@ class RolloutLoop:
             self.staging.write(slice(None), self.obs)
             last_obs = self.staging.tensor.to(self.device, non_blocking=True)
         raw, _ = self._forward(last_obs)
-        value, next_value = out["value"], out["next_value"]
+        value, next_value = out[self.value_key], out["next_value"]
         next_value[:-1] = value[1:]
-        next_value[-1] = self._check_outputs(raw, self.num_envs)["value"]
+        next_value[-1] = self._check_outputs(raw, self.num_envs)[self.value_key]
         for t, index, final_value in final_values:
             next_value[t, torch.from_numpy(index).to(next_value.device)] = final_value.to(next_value.device)
 
@@ -317,7 +342,7 @@ class RolloutLoop:
 
     def _check_outputs(self, raw: Any, n: int) -> dict[str, Tensor]:
         if isinstance(raw, TensorDictBase):
-            items = {key: raw.get(key) for key in raw.keys() if key != "obs"}
+            items = {key: raw.get(key) for key in raw.keys() if key != self.obs_key}
         elif isinstance(raw, Mapping):
             items = dict(raw)
         else:
@@ -345,13 +370,15 @@ class RolloutLoop:
                     f"Collector: policy output {key!r} is on device {value.device}, expected {self.device} "
                     "(the collector's device)"
                 )
-        value = items.get("value")
+        if self.output_keys is None and "value" not in items and "state_value" in items:
+            self.value_key = "state_value"  # what TorchRL's ValueOperator writes
+        value = items.get(self.value_key)
         if value is not None:
             if value.dim() == 2 and value.shape[1] == 1:
-                items["value"] = value = value.squeeze(1)
+                items[self.value_key] = value = value.squeeze(1)
             if value.dim() != 1 or not value.is_floating_point():
                 raise ValueError(
-                    f"Collector: policy output 'value' has shape {tuple(value.shape)} and dtype {value.dtype}, "
+                    f"Collector: policy output {self.value_key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, "
                     f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
                 )
         if self.output_keys is None:
@@ -376,7 +403,7 @@ def add_advantages(batch: TensorDict, *, gamma: float, gae_lambda: float) -> Ten
     batch["done"] = batch["terminated"] | batch["truncated"]
     if "next_value" not in batch.keys():
         return batch
-    value = batch["value"]
+    value = batch["value" if "value" in batch.keys() else "state_value"]
     advantage, return_ = compute_gae(
         batch["reward"],
         value,

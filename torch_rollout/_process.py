@@ -380,7 +380,7 @@ def _worker_main(
     try:
         with torch.no_grad():
             envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
-            forward = _WorkerForward(policy, lock, ctrl, device)
+            forward = _WorkerForward(policy, lock, ctrl, device, loop_kwargs.get("obs_key", "obs"))
             loop = RolloutLoop(
                 envs, forward, device=device, storage_device=torch.device("cpu"), seed=seed,
                 autoreset_mode=autoreset_mode(envs), stop=lambda: bool(ctrl[_STOP]), env_offset=start_index,
@@ -434,8 +434,9 @@ def _worker_main(
 class _WorkerForward:
     """The worker's policy call: under its weights lock, with the version the trainer last published."""
 
-    def __init__(self, shared: nn.Module, lock: Any, ctrl: Any, device: torch.device) -> None:
+    def __init__(self, shared: nn.Module, lock: Any, ctrl: Any, device: torch.device, obs_key: str) -> None:
         self.shared = shared
+        self.obs_key = obs_key
         self.lock = lock
         self.ctrl = ctrl
         self.device = device
@@ -453,7 +454,7 @@ class _WorkerForward:
                         dst.copy_(src)
                 self.runner.train(bool(self.ctrl[_TRAINING]))
                 self.seen = version
-            return call_policy(self.runner, obs), version
+            return call_policy(self.runner, obs, self.obs_key), version
 
 
 def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._envs import explain_env_error
+from torch_rollout._interaction import own_interaction_type
 from torch_rollout._loop import RolloutLoop, Stopped, call_policy
 from torch_rollout._spaces import Obs
 
@@ -73,7 +74,7 @@ class ThreadPlacement:
 
     def forward(self, obs: Obs) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, obs), self.version
+            return call_policy(self.runner, obs, self.loop.obs_key), self.version
 
     def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""
@@ -125,7 +126,8 @@ class ThreadPlacement:
     def _run(self) -> None:
         _one_intra_op_thread()
         try:
-            with torch.no_grad():
+            # Sample as the policy's own default says, whatever interaction type the trainer's thread sets.
+            with torch.no_grad(), own_interaction_type():
                 self.loop.reset()
                 while True:
                     self._credits.get()

@@ -12,7 +12,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
+from torch_rollout._infos import check_info_keys
+from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
 from torch_rollout._process import ProcessPlacement
 from torch_rollout._thread import ThreadPlacement
@@ -35,6 +37,11 @@ _JOIN_TIMEOUT = 10.0
 # At interpreter exit nobody can use a stuck thread any more: wait less before leaving it.
 _EXIT_JOIN_TIMEOUT = 2.0
 _BACKENDS = ("auto", "thread", "process")
+# Keys the collector writes into every batch: obs_key cannot take one of them.
+_BATCH_KEYS = frozenset(
+    ("action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
+     "policy_version", "next_value", "advantage", "return", "info")
+)  # fmt: skip
 _live: weakref.WeakSet[Collector] = weakref.WeakSet()
 # id(envs.unwrapped) -> the open collector stepping that live vector env: a second one would interleave
 # its steps with the first one's. Reentrant: a collector's __del__ may run (gc) while it is held.
@@ -55,7 +62,7 @@ class Collector:
     ================== ======================================================
     ``obs``            observation the action was chosen from (a nested
                        TensorDict for Dict spaces; float64 stored as float32,
-                       integer dtypes kept)
+                       integer dtypes kept); named ``obs_key``
     ``action``         as the policy returned it (a Box env receives it
                        clipped to the bounds; the stored one is not clipped)
     ``log_prob``, ...  every other per-env tensor the policy returned
@@ -66,12 +73,43 @@ class Collector:
     ``next_value``     value of the true next state: at an episode end of the
                        final observation, never of the reset observation
     ``advantage``,     GAE(``gamma``, ``gae_lambda``); only when the policy
-    ``return``         returns ``"value"``
+    ``return``         returns ``"value"`` (or TorchRL's ``"state_value"``);
+                       without either there are no ``next_value``,
+                       ``advantage`` and ``return``
     ``mask``           False only for rows that are no transition (see below)
     ``episode_return``, running totals of the episode including this step:
     ``episode_length`` the episode's totals where ``done``
     ``policy_version`` version of the weights that chose the action
+    ``info``           with ``info_keys`` only: the env infos of the step
+                       (see Infos)
     ================== ======================================================
+
+    Infos: ``info_keys=("is_success", "episode")`` keeps those keys of the
+    infos that ``envs.step()`` returns, in ``batch["info"]``, a TensorDict of
+    ``[num_steps, num_envs]``. For each kept key ``k`` it holds ``k`` (the
+    value: a tensor of ``[T, N, *shape]``, or for a dict info such as
+    RecordEpisodeStatistics' ``episode`` a nested TensorDict with one such
+    tensor per entry, e.g. ``batch["info", "episode", "r"]``) and ``_k``
+    (bool ``[T, N]``, gymnasium's presence mask: True where the env gave
+    ``k`` at that row's step). Numbers and booleans keep their dtype except
+    float64, stored as float32; where ``_k`` is False the values are 0 (or
+    False). The infos of a row are those of its step: in SAME_STEP mode those
+    of an ended step come from ``infos["final_info"]`` (the top level then
+    holds the reset's), and keys that ``final_info`` lacks for that env from
+    the top level (where vector wrappers such as
+    ``gymnasium.wrappers.vector.RecordEpisodeStatistics`` put theirs); in
+    NEXT_STEP mode the reset rows' infos (their reset's) are masked out; in
+    DISABLED mode the infos of the collector's ``reset_mask`` resets belong to
+    no row. Every batch holds every kept key, so its structure (nested keys,
+    shapes, dtypes) is fixed when collection starts: from the infos of the
+    first reset and step, or from an example value of one env given as
+    ``info_keys={"ended": {"length": 0, "sum": 0.0}}`` (``None``: learn it);
+    ``"episode"`` defaults to RecordEpisodeStatistics' ``{"r": float32,
+    "l": int64, "t": float32}``. A key with no structure then, one whose
+    structure changes later, and values that are not numbers raise errors
+    naming the key. Under ``NormalizeReward`` the batch's ``episode_return``
+    sums the scaled rewards; RecordEpisodeStatistics beneath the scaling
+    keeps the env's own return in ``batch["info", "episode", "r"]``.
 
     Autoreset: all three gymnasium modes give the same real transitions. In
     NEXT_STEP mode (gymnasium's default) the step after an episode end only
@@ -145,9 +183,13 @@ class Collector:
             returning a vector env; with an id or a function ``num_envs`` is required.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
             ``"action"`` (``[num_envs, *action_shape]``) and optionally ``"value"``
-            (``[num_envs]`` or ``[num_envs, 1]``) and ``"log_prob"``. ``obs`` is
+            (``[num_envs]`` or ``[num_envs, 1]``, stored as ``[T, N]``; TorchRL's
+            ``"state_value"`` when there is no ``"value"``) and ``"log_prob"``. ``obs`` is
             ``[num_envs, *obs_shape]`` on ``device`` (a TensorDict for Dict
-            spaces). A ``tensordict.nn.TensorDictModule`` reads ``"obs"``.
+            spaces). A ``tensordict.nn.TensorDictModule`` reads ``obs_key``; in the
+            collector thread its probabilistic modules sample as their own
+            ``default_interaction_type`` says, whatever interaction type the
+            trainer's thread sets (TorchRL's losses set DETERMINISTIC while they run).
         num_steps: steps per env per batch (``T``).
         num_envs: number of envs to build when ``envs`` is an env id or a function.
         env_kwargs: keyword arguments of :func:`gymnasium.make_vec` with an env id.
@@ -172,12 +214,23 @@ class Collector:
         check_finite: raise ``ValueError`` naming the key, env and step when an
             observation, a reward or a Box action (before the env receives it)
             is NaN or infinite (costs a few ``np.isfinite`` per step).
+        info_keys: env info keys to keep in ``batch["info"]`` (see Infos): a
+            sequence of names, or a mapping of names to an example value of one
+            env (``None``: learn it from the first reset and step).
+        obs_key: the batch key of observations, and the key a TensorDictModule
+            policy reads them from (TorchRL's modules read ``"observation"``).
 
     Raises:
         TypeError: for an unsupported space or argument type.
         ValueError: for an out-of-range argument, an unknown env id, a live
             vector env that another open collector steps, or a lazy policy
             (``nn.LazyLinear``) not run yet that the collector must copy.
+
+    Warns:
+        UserWarning: for each probabilistic tensordict module of the policy whose
+            ``default_interaction_type`` is not RANDOM: the collector acts with it
+            without sampling (TorchRL's ``ProbabilisticActor`` defaults to
+            DETERMINISTIC).
 
     Examples:
         >>> import torch
@@ -228,6 +281,8 @@ class Collector:
         seed: int | None = None,
         timeout: float | None = None,
         check_finite: bool = False,
+        info_keys: Sequence[str] | Mapping[str, Any] | None = None,
+        obs_key: str = "obs",
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -243,8 +298,23 @@ class Collector:
                 raise ValueError(f"Collector: {name} must be a float in [0, 1], got {x!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
+        info_specs = check_info_keys(info_keys)
+        if not isinstance(obs_key, str) or not obs_key or obs_key in _BATCH_KEYS:
+            raise ValueError(
+                f"Collector: obs_key must be a str other than the batch's own keys {sorted(_BATCH_KEYS)}, got "
+                f"{obs_key!r} (TorchRL's modules read 'observation')"
+            )
         if not isinstance(policy, nn.Module):
             raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
+        for name, mode in greedy_modules(policy):
+            warnings.warn(
+                f"Collector: the policy's probabilistic module {name!r} has default_interaction_type={mode}, so the "
+                "collector acts with it without sampling (TorchRL's collectors would set RANDOM around collection; "
+                "this one keeps each module's default, whatever the trainer sets): build it with "
+                "default_interaction_type=InteractionType.RANDOM to sample",
+                UserWarning,
+                stacklevel=2,
+            )
         if env_kwargs is not None and not isinstance(envs, str):
             raise ValueError(
                 f"Collector: env_kwargs are passed to gymnasium.make_vec with an env id, but envs is a "
@@ -288,7 +358,9 @@ class Collector:
         self.timeout = timeout
         self.gamma = float(gamma)
         self.gae_lambda = float(gae_lambda)
-        loop_kwargs = {"num_steps": num_steps, "check_finite": bool(check_finite)}
+        loop_kwargs = {
+            "num_steps": num_steps, "check_finite": bool(check_finite), "info_keys": info_specs, "obs_key": obs_key,
+        }  # fmt: skip
         if backend == "thread":
             self._owns_envs = not isinstance(envs, VectorEnv)
             built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs, env_kwargs=env_kwargs)
