@@ -251,8 +251,8 @@ def test_bad_ray_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector(backend='ray'): envs is a live SyncVectorEnv")):
         Collector(envs, ConstantPolicy(), num_steps=4, backend="ray")
     envs.close()
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options must be a dict of Ray actor options with "
-                                                   "backend='ray', got dict {'num_cpus': 1} with backend='process'")):
+    with pytest.raises(ValueError, match=re.escape("Collector: ray_options must be a dict of Ray actor options, for "
+                                                   "backend='ray' only; got dict {'num_cpus': 1} with backend='process'")):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="process", ray_options={"num_cpus": 1})
     with pytest.raises(ValueError, match=re.escape("Collector: ray_options['max_restarts'] must be an int >= 0")):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="ray", ray_options={"max_restarts": -1})

@@ -270,7 +270,7 @@ class Collector:
         backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
         if ray_options is not None and (backend != "ray" or not isinstance(ray_options, Mapping)):
             raise ValueError(
-                f"Collector: ray_options must be a dict of Ray actor options with backend='ray', got "
+                f"Collector: ray_options must be a dict of Ray actor options, for backend='ray' only; got "
                 f"{type(ray_options).__name__} {ray_options!r} with backend={backend!r}"
             )
         if prefetch is None:
