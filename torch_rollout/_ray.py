@@ -42,8 +42,6 @@ logger = logging.getLogger("torch_rollout")
 _EXIT_WAIT = 5.0
 # Byte alignment of each tensor in the flat weights buffer (any dtype can be viewed at such an offset).
 _ALIGN = 64
-# Options of ray_options that torch_rollout applies itself rather than passing to Ray's actor options.
-_OWN_OPTIONS = ("max_restarts",)
 
 
 def import_ray() -> Any:
