@@ -68,8 +68,8 @@ class Config:
 
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
-    backend: str = "auto"  # where collection runs: "process" (workers), "thread", or "auto" (processes for a CPU agent)
-    num_workers: int = 1  # worker processes with backend=process; each steps num_envs / num_workers envs
+    backend: str = "auto"  # where collection runs: "process", "thread", "ray", or "auto" (processes for a CPU agent)
+    num_workers: int = 1  # worker processes or Ray actors; each steps num_envs / num_workers envs
     prefetch: int | None = None  # batches collected ahead of training; 0: lockstep; None: the collector's default
     learning_rate: float = 2.5e-4  # Adam step size at the start
     anneal_lr: bool = True  # decay the learning rate linearly to 0 over the run

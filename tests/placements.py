@@ -2,28 +2,71 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from gymnasium.vector import VectorEnv
 
-__all__ = ["PLACEMENTS", "envs_for"]
+__all__ = ["LOCAL_PLACEMENTS", "PLACEMENTS", "envs_for", "local_ray"]
 
-# Collector keyword arguments of each placement: the thread, one worker process, two of them.
+_NO_RAY = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'torch_rollout[ray]')"
+)
+# Collector keyword arguments of each placement: the thread, one worker process, two of them, two Ray actors.
 PLACEMENTS = [
     pytest.param({"backend": "thread"}, id="thread"),
     pytest.param({"backend": "process", "num_workers": 1}, id="process1"),
     pytest.param({"backend": "process", "num_workers": 2}, id="process2"),
+    pytest.param({"backend": "ray", "num_workers": 2}, id="ray2", marks=_NO_RAY),
 ]
+# Placements whose envs run on this machine and see its shared memory (torch's share_memory_() tensors):
+# for tests that talk to the envs through it. Ray sends its workers copies.
+LOCAL_PLACEMENTS = [param for param in PLACEMENTS if param.values[0]["backend"] != "ray"]
+
+_started_ray = False
+
+
+def local_ray() -> Any:
+    """The test session's local Ray (2 CPUs, a 200 MB object store), started on first use; tests/conftest.py stops it.
+
+    Its workers import the tests' modules (envs, policies) as worker processes do:
+    this directory goes on their ``PYTHONPATH``.
+    """
+    global _started_ray
+    import ray
+
+    if not ray.is_initialized():
+        tests = str(Path(__file__).resolve().parent)
+        path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = tests if not path else f"{tests}{os.pathsep}{path}"
+        ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
+        _started_ray = True
+    return ray
+
+
+def stop_local_ray() -> None:
+    """Shuts down the Ray that :func:`local_ray` started, if any."""
+    global _started_ray
+    if _started_ray:
+        import ray
+
+        ray.shutdown()
+        _started_ray = False
 
 
 def envs_for(placement: dict[str, Any], make_envs: Callable[..., VectorEnv], num_envs: int) -> tuple[Any, dict]:
     """The ``envs`` argument and extra keyword arguments for a placement.
 
     The thread gets a live vector env built here (the test may close it); worker
-    processes get the picklable ``make_envs(num_envs, start_index=...)`` itself.
+    processes and Ray actors get the picklable ``make_envs(num_envs, start_index=...)``
+    itself (and Ray is started for the session).
     """
     if placement["backend"] == "thread":
         return make_envs(num_envs), {}
+    if placement["backend"] == "ray":
+        local_ray()
     return make_envs, {"num_envs": num_envs}

@@ -207,8 +207,8 @@ def test_bad_recipes_and_arguments_are_named():
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="process", num_workers=3)
     with pytest.raises(ValueError, match=re.escape("Collector: num_workers=2 needs backend='process'")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="thread", num_workers=2)
-    with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process'], got 'ray'")):
-        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="ray")
+    with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process', 'ray'], got 'dask'")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="dask")
     with pytest.raises(ValueError, match=re.escape("Collector: env_kwargs are passed to gymnasium.make_vec with an env id")):
         Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
 

@@ -46,7 +46,7 @@ def expected_transitions(index: int, count: int) -> list[dict]:
 
 # AsyncVectorEnv inside worker processes once (two workers); the other combinations add only time.
 VECTOR_ENVS_AND_PLACEMENTS = [
-    pytest.param(cls, placement.values[0], id=f"{cls.__name__}-{placement.id}")
+    pytest.param(cls, placement.values[0], id=f"{cls.__name__}-{placement.id}", marks=placement.marks)
     for cls in (SyncVectorEnv, AsyncVectorEnv)
     for placement in PLACEMENTS
     if cls is SyncVectorEnv or placement.id in ("thread", "process2")

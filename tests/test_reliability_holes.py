@@ -30,7 +30,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from placements import PLACEMENTS, envs_for
+from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for
 from reliability_envs import (
     ConstantPolicy,
     CountingPolicy,
@@ -60,8 +60,8 @@ ASYNC_ERROR_LOG = pytest.mark.filterwarnings("ignore::UserWarning:gymnasium.vect
 
 def copy_reason(placement: dict[str, Any], prefetch: int) -> tuple[str, str]:
     """How errors about the collector's copy of the policy name why it exists, and how to act without one."""
-    if placement["backend"] == "process":
-        return "backend='process'", "backend='thread' with prefetch=0"
+    if placement["backend"] in ("process", "ray"):
+        return f"backend={placement['backend']!r}", "backend='thread' with prefetch=0"
     return f"prefetch={prefetch}", "prefetch=0"
 
 
@@ -268,7 +268,7 @@ def board():
     board[1] = 1  # whatever happened, no step stays blocked after the test
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)  # the envs read `board` from shared memory
 def test_keyboard_interrupt_in_update_policy_refreshes_all_or_nothing(
     sigint_raises_keyboard_interrupt, board, placement
 ):
@@ -359,7 +359,7 @@ def next_with_ctrl_c_at(collector: Collector, k: int) -> tuple[Any, int]:
     return batch, points
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)  # the envs count their steps in shared memory
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ahead(
     sigint_raises_keyboard_interrupt, prefetch, placement

@@ -52,8 +52,8 @@ def test_a_resumed_collector_counts_on_and_continues_the_seed_stream(placement):
     versions = torch.cat([b["policy_version"] for b in rest])
     # the acting copy made at construction counts as the saved version; each next() refreshes it once more
     assert int(versions.min()) >= state["policy_version"], "rows' versions go on from the saved one"
-    assert int(versions.max()) == state["policy_version"] + 3
-    assert again["batches"] == 6 and again["starts"] == 2 and again["policy_version"] > state["policy_version"]
+    assert state["policy_version"] < int(versions.max()) <= state["policy_version"] + 3
+    assert again["batches"] == 6 and again["starts"] == 2 and again["policy_version"] == state["policy_version"] + 3
 
     # The second collector over seed 3 resets env j with 3 + 1 * N + j: exactly a fresh collector seeded 3 + N.
     with collector(placement, seed=3 + N, total_batches=1) as fresh:

@@ -27,6 +27,7 @@ from torch_rollout._infos import check_info_keys
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
 from torch_rollout._process import ProcessPlacement
+from torch_rollout._ray import RayPlacement, check_ray_picklable
 from torch_rollout._thread import ThreadPlacement
 
 __all__ = ["Collector"]
@@ -36,7 +37,7 @@ __all__ = ["Collector"]
 _JOIN_TIMEOUT = 10.0
 # At interpreter exit nobody can use a stuck thread any more: wait less before leaving it.
 _EXIT_JOIN_TIMEOUT = 2.0
-_BACKENDS = ("auto", "thread", "process")
+_BACKENDS = ("auto", "thread", "process", "ray")
 # Keys the collector writes into every batch: obs_key cannot take one of them.
 _BATCH_KEYS = frozenset(
     ("action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
@@ -126,7 +127,10 @@ class Collector:
     step outside the GIL) or in ``num_workers`` worker processes
     (``backend="process"``), each stepping a contiguous share of the envs that
     it builds itself from ``envs`` (an env id or a picklable function), with
-    batches and weights in shared memory. ``backend="auto"`` takes processes
+    batches and weights in shared memory, or in ``num_workers`` Ray actors
+    (``backend="ray"``, on the Ray this process is connected to, or on a local
+    one that it starts), with batches and weights in Ray's object store.
+    ``backend="auto"`` takes processes
     for a CPU policy whenever ``envs`` is an id or a function and both it and
     the policy can be pickled, else the thread. Env ``j`` is reset with seed
     ``seed + j`` in every placement, so a deterministic policy gets the same
@@ -159,7 +163,9 @@ class Collector:
     ``__cause__``), and the collector closes; iterating it again raises
     ``RuntimeError``. A worker process that dies becomes a ``RuntimeError``
     naming it, its pid and the signal; workers exit by themselves when the
-    trainer's process dies. Envs the collector
+    trainer's process dies. A Ray actor that dies becomes a ``RuntimeError``
+    naming the worker, its node and pid (or, with ``ray_options={"max_restarts":
+    n}``, is recreated). Envs the collector
     created are closed by :meth:`close`, which is idempotent and also runs on
     garbage collection and at interpreter exit. Where gymnasium's own error
     hides the cause, the collector names it: a killed AsyncVectorEnv worker
@@ -193,8 +199,9 @@ class Collector:
         num_steps: steps per env per batch (``T``).
         num_envs: number of envs to build when ``envs`` is an env id or a function.
         env_kwargs: keyword arguments of :func:`gymnasium.make_vec` with an env id.
-        backend: ``"thread"``, ``"process"`` or ``"auto"`` (see Placements).
-        num_workers: worker processes with ``backend="process"`` (at most ``num_envs``).
+        backend: ``"thread"``, ``"process"``, ``"ray"`` or ``"auto"`` (see Placements).
+        num_workers: worker processes with ``backend="process"``, Ray actors with
+            ``backend="ray"`` (at most ``num_envs``).
         gamma: discount factor.
         gae_lambda: GAE lambda.
         device: where the policy runs and batches live; ``None``: ``"cuda"``
@@ -219,6 +226,11 @@ class Collector:
             env (``None``: learn it from the first reset and step).
         obs_key: the batch key of observations, and the key a TensorDictModule
             policy reads them from (TorchRL's modules read ``"observation"``).
+        ray_options: with ``backend="ray"``, Ray actor options for every worker
+            (``num_cpus``, ``num_gpus``, ``resources``, ``runtime_env``,
+            ``scheduling_strategy``, ...; a worker given GPUs runs the policy on
+            its GPU), and ``max_restarts``: how many times a worker whose actor
+            died is recreated with new envs (default 0: the death is an error).
 
     Raises:
         TypeError: for an unsupported space or argument type.
@@ -283,6 +295,7 @@ class Collector:
         check_finite: bool = False,
         info_keys: Sequence[str] | Mapping[str, Any] | None = None,
         obs_key: str = "obs",
+        ray_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -326,6 +339,11 @@ class Collector:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
+        if ray_options is not None and (backend != "ray" or not isinstance(ray_options, Mapping)):
+            raise ValueError(
+                f"Collector: ray_options must be a dict of Ray actor options, for backend='ray' only; got "
+                f"{type(ray_options).__name__} {ray_options!r} with backend={backend!r}"
+            )
         if prefetch is None:
             # Measured (README, Performance): on a CPU the thread shares the GIL with the trainer and
             # collecting ahead made training slower; in lockstep it is never slower.
@@ -371,7 +389,7 @@ class Collector:
                 else:
                     runner = _inference_copy(policy, self.device, backend, prefetch)
                 mode = autoreset_mode(built)
-                self._placement: ThreadPlacement | ProcessPlacement = ThreadPlacement(
+                self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
                     built, runner, own_copy=runner is not policy, owns_envs=self._owns_envs, device=self.device,
                     seed=seed, autoreset_mode=mode, **loop_kwargs,
                 )  # fmt: skip
@@ -382,10 +400,15 @@ class Collector:
             self.envs = built
         else:
             self._owns_envs = True
-            runner = _inference_copy(policy, torch.device("cpu"), backend, prefetch).share_memory()
-            self._placement = ProcessPlacement(
-                envs, runner, num_envs=num_envs, num_workers=num_workers, prefetch=prefetch, device=self.device,
-                seed=seed, env_kwargs=env_kwargs, startup_timeout=timeout, **loop_kwargs,
+            runner = _inference_copy(policy, torch.device("cpu"), backend, prefetch)
+            # Processes share the acting copy's memory; Ray actors get it through the object store.
+            placement, extra = (
+                (ProcessPlacement, {}) if backend == "process" else (RayPlacement, {"options": ray_options})
+            )
+            self._placement = placement(
+                envs, runner.share_memory() if backend == "process" else runner, num_envs=num_envs,
+                num_workers=num_workers, prefetch=prefetch, device=self.device, seed=seed, env_kwargs=env_kwargs,
+                startup_timeout=timeout, **extra, **loop_kwargs,
             )  # fmt: skip
             mode = AutoresetMode(self._placement.info["autoreset_mode"])
             self.envs = None
@@ -656,7 +679,9 @@ def _resolve_backend(
     if backend not in _BACKENDS:
         raise ValueError(f"Collector: backend must be one of {list(_BACKENDS)}, got {backend!r}")
     if backend == "thread" and num_workers != 1:
-        raise ValueError(f"Collector: num_workers={num_workers} needs backend='process'; the thread runs one loop")
+        raise ValueError(
+            f"Collector: num_workers={num_workers} needs backend='process' or backend='ray'; the thread runs one loop"
+        )
     if backend == "auto":
         if device.type != "cpu" or isinstance(envs, VectorEnv) or not _can_travel(envs, policy):
             if num_workers != 1:
@@ -666,6 +691,14 @@ def _resolve_backend(
                 )
             return "thread"
         return "process"
+    if backend == "ray":
+        if isinstance(envs, VectorEnv):
+            raise TypeError(
+                f"Collector(backend='ray'): envs is a live {type(envs).__name__}, but each Ray worker builds its own "
+                "envs; pass an env id with num_envs (and env_kwargs), or a function make_envs(num_envs) -> VectorEnv"
+            )
+        check_ray_picklable("envs", envs)
+        check_ray_picklable("policy", policy)
     if backend == "process":
         if isinstance(envs, VectorEnv):
             raise TypeError(
@@ -715,8 +748,8 @@ def _check_policy_device(policy: nn.Module, device: torch.device) -> None:
 
 def _copy_reason(backend: str, prefetch: int) -> tuple[str, str]:
     """The argument that makes the collector act with a copy of the policy, and the arguments that avoid it."""
-    if backend == "process":
-        return "backend='process'", "backend='thread' with prefetch=0"
+    if backend in ("process", "ray"):
+        return f"backend={backend!r}", "backend='thread' with prefetch=0"
     return f"prefetch={prefetch}", "prefetch=0"
 
 

@@ -1,0 +1,51 @@
+"""Session-wide set-up for the Ray placement: fewer combinations on Ray, and its local Ray stopped at the end."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pytest
+
+from placements import stop_local_ray
+
+# A Ray actor starts in a fresh interpreter that imports torch and tensordict (seconds of CPU each), where a
+# worker process forks from a preloaded server. So the parametrized tests run on Ray only where Ray's own
+# code is at stake (weights riding with requests, shares concatenated in order, errors and their env
+# indices coming back from actors, AsyncVectorEnv inside an actor), in these combinations (test ->
+# parameter -> the values kept); the trainer-side logic they share is tested on the local placements.
+RAY_RUNS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "test_every_transition_once_and_in_order": {"prefetch": (3,), "mode": ("NextStep",)},
+    "test_no_row_mixes_two_weight_versions": {"prefetch": (0, 3)},
+    "test_update_policy_refreshes_mid_iteration": {},
+    "test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own": {},
+    "test_replaced_policy_parameters_are_followed_or_named": {"how": ("load_state_dict-assign", "new-shape")},
+    "test_check_finite_catches_non_finite_box_actions": {"bad": ("nan",)},
+    "test_async_env_error_reaches_consumer_when_warnings_are_errors": {},
+    "test_cuda_batches_match_cpu": {"prefetch": (1,), "mode": ("NextStep",)},
+    "test_a_resumed_collector_counts_on_and_continues_the_seed_stream": {},
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="left to the local placements on Ray (its actors take seconds to start)")
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("placement", {}).get("backend") != "ray":
+            continue
+        kept = RAY_RUNS.get(item.originalname)
+        if kept is None or any(
+            str(_value(callspec.params.get(name))) not in map(str, values) for name, values in kept.items()
+        ):
+            item.add_marker(skip)
+
+
+def _value(param: Any) -> Any:
+    """A parameter as the table names it: an enum (an autoreset mode) by its value."""
+    return param.value if isinstance(param, enum.Enum) else param
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _stop_local_ray_at_the_end():
+    yield
+    stop_local_ray()

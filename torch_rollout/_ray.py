@@ -1,0 +1,530 @@
+"""The Ray placement: the collection loop in Ray actors, batches and weights through Ray's object store.
+
+Each of ``K`` actors builds its share of the envs from a picklable recipe and
+runs the same :class:`~torch_rollout._loop.RolloutLoop` as the thread and the
+worker processes, on whichever node Ray places it. A request for the next batch
+is one actor call per worker; the result, the worker's ``[T, n]`` rows as NumPy
+arrays, travels through Ray's object store (read without a copy on the
+trainer's node) and the consumer concatenates the shares in global env order.
+The acting copy of the policy stays in the trainer: its tensors are views of one
+flat byte buffer, which each refresh publishes with one ``ray.put``; the
+reference rides with the next request of every worker that has not seen that
+version, and the worker loads it before the batch starts, never inside one.
+Ray itself is imported only here, and only when this placement is used.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+import traceback
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+
+from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
+from torch_rollout._loop import RolloutLoop, Stopped, call_policy
+from torch_rollout._process import _sigint_deferred
+from torch_rollout._spaces import Obs
+
+__all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
+
+logger = logging.getLogger("torch_rollout")
+
+# How long close() lets the actors close their envs before they are killed.
+_EXIT_WAIT = 5.0
+# Byte alignment of each tensor in the flat weights buffer (any dtype can be viewed at such an offset).
+_ALIGN = 64
+
+
+def import_ray() -> Any:
+    """Imports Ray, or says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "Collector(backend='ray') needs Ray, which is not installed: pip install 'torch_rollout[ray]'"
+        ) from exc
+    return ray
+
+
+def check_ray_picklable(name: str, obj: Any) -> None:
+    """Raises TypeError naming ``name`` if Ray (cloudpickle) cannot send ``obj`` to its workers."""
+    ray = import_ray()
+    try:
+        ray.cloudpickle.dumps(obj)
+    except Exception as exc:
+        raise TypeError(
+            f"Collector(backend='ray'): {name}={obj!r} cannot be pickled for Ray's workers ({exc}); make it "
+            "picklable (cloudpickle) or use backend='thread'"
+        ) from exc
+
+
+def flatten_weights_(module: nn.Module, device: torch.device) -> Tensor:
+    """Moves ``module``'s parameters and buffers into one flat byte buffer on ``device`` and returns it.
+
+    Afterwards every parameter and buffer is a view of the buffer (the same
+    ``nn.Parameter`` objects, in the order of ``parameters()`` then
+    ``buffers()``), so copying the buffer copies all weights in one call.
+    """
+    tensors = [*module.parameters(), *module.buffers()]
+    offsets, size = [], 0
+    for tensor in tensors:
+        offsets.append(size)
+        size += -(-tensor.numel() * tensor.element_size() // _ALIGN) * _ALIGN
+    flat = torch.zeros(size, dtype=torch.uint8, device=device)
+    for tensor, offset in zip(tensors, offsets):
+        view = flat[offset : offset + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor.detach())
+        tensor.data = view
+    return flat
+
+
+class RayPlacement:
+    """Runs the collection loop in ``num_workers`` Ray actors; envs in global order in every batch.
+
+    Args:
+        recipe: env id or ``make_envs(num_envs[, start_index])``, sent to each actor (cloudpickle).
+        runner: the acting copy of the policy on the CPU; it stays in the trainer (its tensors
+            become views of one flat buffer, published at each refresh).
+        num_envs: envs in all (``N``), split into contiguous shares.
+        num_workers: actors (``K``).
+        prefetch: batches a worker may collect ahead (requests queued at its actor).
+        device: where batches are delivered. Actors run the policy on the CPU, or on their
+            CUDA device when ``options`` gives them GPUs.
+        seed: env ``j`` is seeded ``seed + j``.
+        env_kwargs: for an env id.
+        startup_timeout: seconds to wait for the actors to be placed and to build their envs.
+        options: Ray actor options for every worker (``num_cpus``, ``num_gpus``, ``resources``,
+            ``runtime_env``, ``scheduling_strategy``, ...), and ``max_restarts``: how many times
+            torch_rollout recreates a worker whose actor died (default 0: the death is an error).
+        loop_kwargs: ``num_steps``, ``check_finite``.
+
+    The consumer talks to it as to the other placements: ``request()``,
+    ``wait()``, then takes the result from ``ready`` without a call, and
+    ``refresh()``. Ray is used as the trainer found it: an initialised Ray (the
+    user's ``ray.init(address=...)``) is used and left running; otherwise a
+    local Ray is started, and it too is left running when the collector closes
+    (later collectors reuse it; Ray shuts it down at interpreter exit, or
+    ``ray.shutdown()`` does now). A restarted worker gets new envs seeded
+    ``seed + j + r * N`` (its ``r``-th restart), so it does not replay the
+    episodes it delivered; what its old actor had not delivered is collected
+    again from those fresh envs.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        recipe: EnvRecipe,
+        runner: nn.Module,
+        *,
+        num_envs: int,
+        num_workers: int,
+        prefetch: int,
+        device: torch.device,
+        seed: int | None,
+        env_kwargs: Mapping[str, Any] | None,
+        startup_timeout: float | None,
+        options: Mapping[str, Any] | None,
+        **loop_kwargs: Any,
+    ) -> None:
+        ray = self.ray = import_ray()
+        self.device = device
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.shares = split_envs(num_envs, num_workers)
+        self.seed = seed
+        options = dict(options or {})
+        self.max_restarts = options.pop("max_restarts", 0)
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(
+                f"Collector: ray_options['max_restarts'] must be an int >= 0 (restarts per worker), got "
+                f"{self.max_restarts!r}"
+            )
+        self.restarts = [0] * num_workers
+        self.requested = 0
+        # Results for the consumer: the next batches, or the error that ended collection.
+        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
+        self._pending: collections.deque[list[Any]] = collections.deque()  # per requested batch: K result refs
+        self._received: dict[int, Any] = {}  # worker -> its part of the batch being gathered
+        self._failure: BaseException | None = None
+        self.closed = False
+        self.actors: list[Any] = [None] * num_workers
+        self.where: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # node, pid, actor of each worker
+        # Weights: version 0 travels inside the set-up payload; later ones as one object per refresh.
+        self._version = 0
+        self._training = runner.training
+        self._flat = flatten_weights_(runner, torch.device("cpu"))
+        self._weights: Any = None
+        self._sent = [0] * num_workers  # the version each worker holds once its queued requests ran
+        self.startup_timeout = startup_timeout
+        self.started_ray = _connect(ray)
+        try:
+            self._actor_class = ray.remote(_RayWorker).options(**options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Collector: ray_options={dict(options)!r} are not valid Ray actor options: {exc}") from exc
+        try:
+            self._payload = ray.put((recipe, dict(env_kwargs or {}), runner, loop_kwargs))
+            refs = [self._start(k) for k in range(num_workers)]
+            deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
+            if not self._gather(refs, "ready", deadline):
+                raise self._failure or TimeoutError(
+                    f"Collector: the Ray workers were not placed or did not build and reset their envs within "
+                    f"timeout={startup_timeout} s (Ray waits until a node offers the resources of ray_options)"
+                )
+            infos = [self._received[k] for k in range(num_workers)]
+            self._received = {}
+        except BaseException:
+            self.close(0.0)
+            raise
+        self.info = infos[0]
+        modes = {info["autoreset_mode"] for info in infos}
+        if len(modes) > 1:
+            self.close(0.0)
+            raise ValueError(f"Collector: the Ray workers' vector envs run in different autoreset modes {sorted(modes)}")
+
+    def start(self) -> None:
+        pass  # the actors started in __init__: their envs had to exist before the Collector did
+
+    def _start(self, k: int) -> Any:
+        """Creates worker ``k``'s actor and asks it to build and reset its envs; returns the ref of its answer."""
+        start, count = self.shares[k]
+        seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.num_envs
+        self.actors[k] = actor = self._actor_class.remote()
+        self._sent[k] = 0
+        return actor.setup.remote(k, self._payload, count, start, seed)
+
+    # -- weights -------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+        """Copies ``src`` into the acting copy's ``dst`` and publishes it as a new version with one ``ray.put``."""
+        if self.closed:
+            return
+        # All or nothing under Ctrl-C: the copy, the object and the version are one step for the consumer.
+        with _sigint_deferred():
+            if dst:
+                torch._foreach_copy_(dst, src)
+            self._weights = self.ray.put(self._flat.numpy())
+            self._training = training
+            self._version += 1
+
+    def set_version(self, version: int) -> None:
+        """Counts versions on from ``version`` (a resumed collector's), before the first batch.
+
+        The actors hold the weights of the set-up payload, which are those of this version.
+        """
+        self._version = version
+        self._sent = [version] * self.num_workers
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def reseed(self, seed: int | None) -> None:
+        """Has each worker reset its envs from ``seed`` (its share from ``seed + start``) before its next batch.
+
+        Before the first request: an actor runs its calls in order, so the reseed comes first.
+        Restarted workers count their restarts on from this seed.
+        """
+        self.seed = seed
+        for k, (start, _) in enumerate(self.shares):
+            self.actors[k].reseed.remote(None if seed is None else seed + start)
+
+    def request(self) -> None:
+        # Ctrl-C waits: a request that reached only some workers would let those run a batch ahead.
+        with _sigint_deferred():
+            self.requested += 1
+            if self._failure is None and not self.closed:
+                self._pending.append([self._submit(k) for k in range(self.num_workers)])
+
+    def _submit(self, k: int) -> Any:
+        weights = None
+        if self._sent[k] != self._version:
+            weights, self._sent[k] = self._weights, self._version
+        return self.actors[k].collect.remote(self._version, weights, self._training)
+
+    def wait(self, deadline: float | None) -> bool:
+        """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
+
+        Returns False when ``deadline`` (monotonic) passes first. Ctrl-C lands
+        only while waiting: what was received stays for the next call.
+        """
+        while not self.ready:
+            gathered = self._failure is None and self._gather(self._pending[0], "batch", deadline)
+            with _sigint_deferred():
+                if self._failure is not None:
+                    self.ready.append((None, self._failure))
+                elif not gathered:
+                    return False
+                else:
+                    batch = self._assemble([self._received[k] for k in range(self.num_workers)])
+                    self._pending.popleft()
+                    self._received = {}
+                    self.ready.append((batch, None))
+        return True
+
+    def _gather(self, refs: list[Any], kind: str, deadline: float | None) -> bool:
+        """Receives every worker's answer in ``refs`` into ``_received`` (``refs`` may change on a restart).
+
+        Returns False when a worker failed (its error or death is ``_failure``)
+        or ``deadline`` passes first.
+        """
+        ray = self.ray
+        while len(self._received) < self.num_workers and self._failure is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            waiting = {refs[k]: k for k in range(self.num_workers) if k not in self._received}
+            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout, fetch_local=True)
+            with _sigint_deferred():  # an answer taken must be recorded
+                for ref in done:
+                    if self._failure is None and waiting[ref] not in self._received:
+                        self._take(waiting[ref], ref, kind)
+        return self._failure is None
+
+    def _take(self, k: int, ref: Any, kind: str) -> None:
+        """Records worker ``k``'s answer, or its error, or handles its death (a restart or ``_failure``)."""
+        exceptions = self.ray.exceptions
+        try:
+            message = self.ray.get(ref)
+        except exceptions.RayTaskError as exc:  # before our code ran: e.g. the recipe did not unpickle there
+            cause = getattr(exc, "cause", None)
+            self._failure = self._remote_error(k, cause if isinstance(cause, BaseException) else exc, str(exc))
+            return
+        except exceptions.RayError as exc:  # the actor died, its node was lost, or it is unreachable
+            if kind == "batch" and self.restarts[k] < self.max_restarts:
+                self._restart(k, exc)
+            else:
+                self._failure = self._death(k, kind, exc)
+            return
+        if message[0] == "error":
+            self._failure = self._remote_error(k, message[1], message[2])
+        elif message[0] == "ready":
+            self.where[k] = message[1]
+            self._received[k] = message[1]
+        else:
+            self._received[k] = message[1]
+
+    def _assemble(self, parts: list[dict[Any, Any]]) -> TensorDict:
+        # One copy out of the object store: the concatenation (also for one worker, whose arrays are read-only).
+        T = len(parts[0]["reward"])
+        batch = TensorDict({}, batch_size=[T, self.num_envs], device=torch.device("cpu"))
+        for key, first in parts[0].items():
+            pieces = [part[key] for part in parts]
+            if isinstance(first, np.ndarray):
+                batch.set(key, torch.from_numpy(np.concatenate(pieces, axis=1)))
+            else:  # a dtype NumPy lacks (bfloat16): pickled as a tensor
+                batch.set(key, torch.cat(pieces, dim=1))
+        return batch.to(self.device) if self.device.type != "cpu" else batch
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _describe(self, k: int) -> str:
+        where = self.where[k]
+        start, count = self.shares[k]
+        if not where:
+            return f"envs {start}..{start + count - 1}, not placed yet"
+        return f"actor {where['actor'][:12]}, pid {where['pid']}, node {where['node']}, envs {start}..{start + count - 1}"
+
+    def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
+        exc.__cause__ = RemoteTraceback(f'\n"""\nin Ray worker {k} ({self._describe(k)}):\n{text}"""')
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised in torch_rollout Ray worker {k}: {self._describe(k)})")
+        return exc
+
+    def _death(self, k: int, kind: str, exc: BaseException) -> RuntimeError:
+        lines = str(exc).strip().splitlines()
+        cause = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        restarts = f" after {self.restarts[k]} restart{'s' * (self.restarts[k] != 1)}" if self.restarts[k] else ""
+        when = "before its envs were built" if kind == "ready" else "while collecting"
+        error = RuntimeError(
+            f"Collector: Ray worker {k} ({self._describe(k)}) died {when}{restarts} ({cause}); the collector is "
+            "closed and its other workers are stopped"
+            + ("" if self.max_restarts else "; ray_options={'max_restarts': n} recreates a dead worker instead")
+        )
+        error.__cause__ = exc
+        return error
+
+    def _restart(self, k: int, exc: BaseException) -> None:
+        """Replaces dead worker ``k`` by a new actor with new envs and asks it again for its undelivered parts."""
+        self.restarts[k] += 1
+        logger.warning(
+            "Collector: Ray worker %d (%s) died (%s); recreating it, restart %d of max_restarts=%d",
+            k, self._describe(k), type(exc).__name__, self.restarts[k], self.max_restarts,
+        )  # fmt: skip
+        try:
+            self.ray.kill(self.actors[k])
+        except Exception:
+            pass
+        ready = self._start(k)
+        try:
+            message = self.ray.get(ready, timeout=self.startup_timeout)
+        except self.ray.exceptions.RayError as error:  # GetTimeoutError too
+            self._failure = self._death(k, "ready", error)
+            return
+        if message[0] == "error":
+            self._failure = self._remote_error(k, message[1], message[2])
+            return
+        self.where[k] = message[1]
+        # Its answers not received yet are lost with the old actor (those it finished too: the envs they
+        # continued are gone). Ask again, in order, from the new envs.
+        for refs in self._pending:
+            if refs is not self._pending[0] or k not in self._received:
+                refs[k] = self._submit(k)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, join_timeout: float) -> bool:
+        """Stops every actor: cancels its queued batches, lets it close its envs (at most 5 s), then kills it."""
+        if self.closed:
+            return True
+        self.closed = True
+        ray = self.ray
+        actors = [actor for actor in self.actors if actor is not None]
+        if ray.is_initialized():  # else Ray shut down first (interpreter exit), and the actors with it
+            for refs in self._pending:
+                for ref in refs:
+                    _quietly(ray.cancel, ref)  # queued: dropped; running: stops at its next step
+            closing = [ref for actor in actors if (ref := _quietly(actor.close.remote)) is not None]
+            wait = min(join_timeout, _EXIT_WAIT)
+            if closing and wait > 0:
+                _quietly(ray.wait, closing, num_returns=len(closing), timeout=wait)
+            for actor in actors:
+                _quietly(ray.kill, actor)
+        self.actors = [None] * self.num_workers
+        self._pending.clear()
+        self._received = {}
+        self._weights = self._payload = None
+        return True
+
+
+def _quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or None if it raised: for shutting down what may be gone already."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _connect(ray: Any) -> bool:
+    """Uses the Ray this process is connected to, or starts a local one (or joins ``RAY_ADDRESS``); True if started."""
+    if ray.is_initialized():
+        return False
+    ray.init(include_dashboard=False)
+    logger.info(
+        "Collector(backend='ray'): started a local Ray (none was initialised); it stays up after the collector "
+        "closes, for later collectors, until interpreter exit or ray.shutdown()"
+    )
+    return True
+
+
+# -- the actor ------------------------------------------------------------------------------------
+
+
+class _RayWorker:
+    """One Ray actor: a share of the envs, the collection loop, and a copy of the policy.
+
+    Every method answers with a message instead of raising: ``("ready", info)``,
+    ``("batch", arrays)`` or ``("error", exception, traceback_text)``.
+    """
+
+    def __init__(self) -> None:
+        self.envs = None
+        self.out: TensorDict | None = None
+
+    def setup(self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None) -> tuple:
+        import ray
+
+        recipe, env_kwargs, policy, loop_kwargs = payload
+        context = ray.get_runtime_context()
+        self.is_canceled = getattr(context, "is_canceled", lambda: False)
+        self.start_index = start_index
+        info = {
+            "actor": context.get_actor_id(),
+            "node": ray.util.get_node_ip_address(),
+            "node_id": context.get_node_id(),
+            "pid": os.getpid(),
+        }
+        try:
+            # One thread per CPU Ray gave the actor (1 by default): K actors share a node's cores.
+            torch.set_num_threads(max(1, int(context.get_assigned_resources().get("CPU", 1))))
+            device = torch.device("cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
+            self.runner = policy.to(device)
+            self.flat = flatten_weights_(self.runner, device)
+            self.version = 0
+            with torch.no_grad():
+                self.envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
+                self.loop = RolloutLoop(
+                    self.envs, self.forward, device=device, storage_device=torch.device("cpu"), seed=seed,
+                    autoreset_mode=autoreset_mode(self.envs), stop=self.is_canceled, env_offset=start_index,
+                    **loop_kwargs,
+                )  # fmt: skip
+                self.loop.reset()
+        except BaseException as exc:
+            return self._error(exc)
+        return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
+
+    def forward(self, obs: Obs) -> tuple[Any, int]:
+        return call_policy(self.runner, obs), self.version
+
+    def reseed(self, seed: int | None) -> None:
+        self.loop.reseed(seed)
+
+    def collect(self, version: int, weights: np.ndarray | None, training: bool) -> tuple:
+        try:
+            if weights is not None:
+                self._load(weights)
+            self.version = version
+            if self.runner.training != training:
+                self.runner.train(training)
+            with torch.no_grad():
+                self.out = self.loop.collect(self.out)  # serialized by Ray on return: the next batch may reuse it
+            arrays = {key: _numpy(value) for key, value in self.out.items(include_nested=True, leaves_only=True)}
+        except Stopped:
+            return ("stopped",)
+        except BaseException as exc:
+            return self._error(exc)
+        return ("batch", arrays)
+
+    def _load(self, weights: np.ndarray) -> None:
+        if self.flat.device.type == "cpu":
+            self.flat.numpy()[...] = weights
+        else:
+            with warnings.catch_warnings():  # the object store's array is read-only; it is only read here
+                warnings.simplefilter("ignore", UserWarning)
+                self.flat.copy_(torch.from_numpy(weights))
+
+    def _error(self, exc: BaseException) -> tuple:
+        import ray
+
+        if self.envs is not None:
+            exc = explain_env_error(self.envs, exc, env_offset=self.start_index)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            ray.cloudpickle.dumps(exc)
+        except Exception:  # an exception that cannot be pickled: its type name and message still travel
+            exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
+        return ("error", exc, text)
+
+    def close(self) -> None:
+        if self.envs is not None:
+            envs, self.envs = self.envs, None
+            _quietly(envs.close)
+
+
+def _numpy(tensor: Tensor) -> np.ndarray | Tensor:
+    """The tensor's NumPy view, for Ray to send out of band; a tensor of a dtype NumPy lacks stays a tensor."""
+    try:
+        return tensor.numpy()
+    except TypeError:
+        return tensor
