@@ -10,6 +10,7 @@ Usage::
     python examples/ppo.py                                   # CartPole-v1, configs/ppo_cartpole.yaml
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
+    python examples/ppo.py --config configs/ppo_cartpole_novel_lstm.yaml   # an LSTM on CartPole without velocities
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
 """
 
@@ -63,6 +64,7 @@ class Config:
     normalize_reward: bool = False  # NormalizeReward: divide by a running std of the discounted return
     clip_reward: float | None = None  # clip scaled rewards to [-clip_reward, clip_reward]
     clip_action: bool = False  # ClipAction on Box action spaces
+    mask_velocity: bool = False  # CartPole only: drop the cart and pole velocities, so that acting needs memory
 
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
@@ -85,6 +87,8 @@ class Config:
     target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
 
     hidden_size: int = 64  # width of the two tanh layers of actor and critic
+    lstm_size: int = 0  # > 0: an LSTM of this width beneath actor and critic (a recurrent policy); 0: MLP only
+    bptt_steps: int = 8  # with an LSTM: minibatches of sequences of this many steps, replayed from the stored state
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
     return_window: int = 20  # episodes in the reported mean return
@@ -174,7 +178,15 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
 
     With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping.
     """
-    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync")
+    wrappers = []
+    if cfg.mask_velocity:
+        if cfg.env_id != "CartPole-v1":
+            raise ConfigError(f"mask_velocity knows CartPole-v1's observation only, got env_id={cfg.env_id}")
+        position_and_angle = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        wrappers.append(functools.partial(
+            gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
+        ))  # fmt: skip
+    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
     if cfg.normalize_reward and training:
         # NormalizeReward rescales what the collector sees, so its episode_return is no
         # longer the env's return: record the raw returns beneath the scaling
@@ -191,6 +203,11 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
         if cfg.clip_reward is not None:
             envs = gym.wrappers.vector.ClipReward(envs, -cfg.clip_reward, cfg.clip_reward)
     return envs
+
+
+def drop_velocities(obs: np.ndarray) -> np.ndarray:
+    """CartPole's [x, x_dot, theta, theta_dot] -> [x, theta]: velocities must be inferred from the past."""
+    return obs[[0, 2]].astype(np.float32)
 
 
 def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
@@ -243,14 +260,68 @@ class Agent(nn.Module):
         action = dist.sample()  # [N] int64 or [N, act_dim]; the collector clips Box actions for the env
         return {"action": action, "log_prob": dist.log_prob(action), "value": self.critic(obs).squeeze(-1)}
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """log_prob, entropy and value under the current weights, for the loss."""
-        dist = self.dist(obs)
-        return dist.log_prob(action), dist.entropy(), self.critic(obs).squeeze(-1)
+    def evaluate(self, mb: TensorDict) -> tuple[torch.Tensor, ...]:
+        """log_prob, entropy and value of the minibatch's actions under the current weights, for the loss."""
+        dist = self.dist(mb["obs"])
+        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(mb["obs"]).squeeze(-1)
 
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+    def act_deterministic(self, obs: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
         dist = self.dist(obs)
-        return dist.mean if self.continuous else dist.logits.argmax(-1)
+        return (dist.mean if self.continuous else dist.logits.argmax(-1)), None
+
+
+class RecurrentAgent(Agent):
+    """Actor and critic on the output of one LSTM: a recurrent policy whose state the collector carries.
+
+    The collector calls `forward(obs, state, is_init)` with the state of each env (zeros at
+    an episode start) and stores per row the state that went into the step, from which
+    `evaluate` replays sequences (truncated backpropagation through time).
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> None:
+        super().__init__(gym.spaces.Box(-1.0, 1.0, (cfg.lstm_size,)), action_space, cfg)  # heads read the LSTM
+        self.lstm = nn.LSTMCell(int(np.prod(obs_space.shape)), cfg.lstm_size)
+        for name, param in self.lstm.named_parameters():
+            nn.init.orthogonal_(param, 1.0) if name.startswith("weight") else nn.init.zeros_(param)
+
+    def initial_state(self, num_envs: int) -> TensorDict:
+        """The collector's initial_state: zeros, for every env and at every episode start."""
+        zeros = torch.zeros(num_envs, self.lstm.hidden_size, device=self.lstm.weight_hh.device)
+        return TensorDict({"h": zeros, "c": zeros.clone()}, batch_size=[num_envs])
+
+    def step(self, obs: torch.Tensor, state: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        h, c = self.lstm(obs, (state["h"], state["c"]))
+        return h, {"h": h, "c": c}
+
+    def forward(self, obs: torch.Tensor, state: TensorDict, is_init: torch.Tensor) -> dict[str, Any]:
+        """The collector's policy: samples actions for obs [N, obs_dim] and returns the next state."""
+        features, next_state = self.step(obs, state)
+        out = super().forward(features)
+        return {**out, "next_state": next_state}
+
+    def get_value(self, obs: torch.Tensor, state: TensorDict, is_init: torch.Tensor) -> torch.Tensor:
+        """The value alone, for the collector's bootstraps: no action sampled."""
+        return self.critic(self.step(obs, state)[0]).squeeze(-1)
+
+    def evaluate(self, mb: TensorDict) -> tuple[torch.Tensor, ...]:
+        """Replays sequences mb [M, L] from the state stored at their first row, resetting where is_init."""
+        h, c = mb["h"][:, 0], mb["c"][:, 0]
+        features = []
+        for t in range(mb.shape[1]):
+            keep = (~mb["is_init"][:, t]).unsqueeze(-1).to(h.dtype)  # an episode starts: zero state
+            h, c = self.lstm(mb["obs"][:, t], (h * keep, c * keep))
+            features.append(h)
+        features = torch.stack(features, 1)  # [M, L, lstm_size]
+        dist = self.dist(features)
+        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(features).squeeze(-1)
+
+    def act_deterministic(self, obs: torch.Tensor, state: TensorDict) -> tuple[torch.Tensor, TensorDict]:
+        features, next_state = self.step(obs, state)
+        return super().act_deterministic(features)[0], TensorDict(next_state, batch_size=state.batch_size)
+
+
+def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> Agent:
+    return (RecurrentAgent if cfg.lstm_size > 0 else Agent)(obs_space, action_space, cfg)
 
 
 # ---------------------------------------------------------------------------- training
@@ -313,7 +384,10 @@ def train(cfg: Config) -> float:
         spaces = make_envs(cfg, 1)
         spaces.close()
     raw_returns = find_wrapper(envs, gym.wrappers.vector.RecordEpisodeStatistics) if cfg.backend == "thread" else None
-    agent = Agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
+    agent = make_agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
+    recurrent = isinstance(agent, RecurrentAgent)
+    if recurrent and cfg.num_steps % cfg.bptt_steps:
+        raise ConfigError(f"bptt_steps={cfg.bptt_steps} must divide num_steps={cfg.num_steps}")
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     # the collector thread samples actions from torch's global generator; shuffling
     # minibatches from a generator of our own keeps that stream in a fixed order
@@ -328,7 +402,7 @@ def train(cfg: Config) -> float:
     collector = Collector(
         envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
-        backend=cfg.backend, num_workers=cfg.num_workers,
+        backend=cfg.backend, num_workers=cfg.num_workers, initial_state=agent.initial_state if recurrent else None,
     )  # fmt: skip
     with collector:
         for iteration, batch in enumerate(collector, start=1):  # batch: TensorDict [T, N]
@@ -348,11 +422,16 @@ def train(cfg: Config) -> float:
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
-            # mask is False on NEXT_STEP reset rows: they are not transitions, keep them out
-            data = batch.select("obs", "action", "log_prob", "value", "advantage", "return")[batch["mask"]]  # [B]
+            # mask is False on NEXT_STEP reset rows: they are not transitions, the loss leaves them out
+            data = batch.select("obs", "action", "log_prob", "value", "advantage", "return", "mask")
+            if recurrent:  # sequences [S, L] of consecutive rows of one env, with the state that went into each
+                data = to_sequences(batch.select(*data.keys(), "is_init", "h", "c"), cfg.bptt_steps)
+            else:
+                data = data[batch["mask"]]  # [B]
             stats = update(agent, optimizer, data, cfg, shuffle_gen)
 
-            ret, val = data["return"], data["value"]
+            real = batch["mask"]
+            ret, val = batch["return"][real], batch["value"][real]
             explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
             sps = global_step / (time.perf_counter() - start)
             logger.log({
@@ -392,10 +471,19 @@ def train(cfg: Config) -> float:
     return mean_return
 
 
+def to_sequences(batch: TensorDict, length: int) -> TensorDict:
+    """[T, N] -> [T // length * N, length]: each env's rows cut into sequences of `length` steps."""
+    T, N = batch.shape
+    return batch.apply(
+        lambda x: x.reshape(T // length, length, N, *x.shape[2:]).transpose(1, 2).reshape(-1, length, *x.shape[2:]),
+        batch_size=[T // length * N, length],
+    )
+
+
 def update(
     agent: Agent, optimizer: torch.optim.Optimizer, data: TensorDict, cfg: Config, shuffle_gen: torch.Generator
 ) -> dict[str, float]:
-    """PPO's clipped-objective epochs over one batch of real transitions `data` [B]."""
+    """PPO's clipped-objective epochs over one batch `data`: transitions [B] or sequences [S, L], with `mask`."""
     size = data.shape[0]
     minibatch_size = math.ceil(size / cfg.num_minibatches)
     clip_frac, updates = torch.zeros((), device=data.device), 0
@@ -403,7 +491,9 @@ def update(
         order = torch.randperm(size, device=data.device, generator=shuffle_gen)
         for begin in range(0, size, minibatch_size):
             mb = data[order[begin : begin + minibatch_size]]
-            log_prob, entropy, value = agent.evaluate(mb["obs"], mb["action"])
+            log_prob, entropy, value = agent.evaluate(mb)
+            real = mb["mask"]  # sequences keep the rows that are no transition: the LSTM steps through them
+            mb, log_prob, entropy, value = mb[real], log_prob[real], entropy[real], value[real]
             # the stored log_prob is from the weights that acted, which lag the current
             # ones by a batch with prefetch=1: the ratio corrects for exactly that
             log_ratio = log_prob - mb["log_prob"]
@@ -474,8 +564,9 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
         obs_norm.obs_rms.var = state["obs_rms"]["var"].numpy()
         obs_norm.obs_rms.count = state["obs_rms"]["count"]
         obs_norm.update_running_mean = False
-    agent = Agent(envs.single_observation_space, envs.single_action_space, cfg)
+    agent = make_agent(envs.single_observation_space, envs.single_action_space, cfg)
     agent.load_state_dict(state["model"])
+    memory = agent.initial_state(cfg.eval_episodes) if isinstance(agent, RecurrentAgent) else None
 
     # one episode per sub-env; later (autoreset) episodes are ignored
     returns = np.zeros(cfg.eval_episodes)
@@ -483,7 +574,8 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
     obs, _ = envs.reset(seed=cfg.seed + 10_000)  # episodes unseen in training
     while not finished.all():
         with torch.no_grad():
-            action = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            action, memory = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32), memory)
+            action = action.numpy()
         if agent.continuous:
             action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
         obs, reward, terminated, truncated, _ = envs.step(action)

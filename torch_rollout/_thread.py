@@ -16,8 +16,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._envs import explain_env_error
-from torch_rollout._loop import RolloutLoop, Stopped, call_policy
-from torch_rollout._spaces import Obs
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
 
 __all__ = ["ThreadPlacement"]
 
@@ -71,15 +70,13 @@ class ThreadPlacement:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def forward(self, obs: Obs) -> tuple[Any, int]:
+    def forward(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, obs), self.version
+            return call_policy(self.runner, call), self.version
 
-    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""
         with self.lock:
-            if self.own_copy and self.runner.training != training:
-                self.runner.train(training)
             # All or nothing under Ctrl-C: a signal handler runs only between calls, and none comes between
             # the new version and the one C call that copies every tensor.
             self.version += 1
