@@ -77,9 +77,11 @@ def call_policy(policy: nn.Module, call: PolicyCall) -> Any:
     """
     # Acting is inference whatever the trainer's module is doing: no dropout, no BatchNorm statistics
     # updated, in every placement (the thread with prefetch=0 acts with the trainer's module itself).
+    # The flags are set as nn.Module.train sets them, but without nn.Module.__setattr__, which made the switch
+    # and back 7x dearer (the example's Agent on the loaded 2-core machine: 200 us against 29 us).
     training = [module for module in policy.modules() if module.training]
-    if training:
-        policy.train(False)
+    for module in training:
+        object.__setattr__(module, "training", False)
     try:
         method = getattr(policy, "get_value", None) if call.value_only else None
         function = policy if method is None else method
@@ -96,7 +98,7 @@ def call_policy(policy: nn.Module, call: PolicyCall) -> Any:
         return function(call.obs, call.state, call.is_init)
     finally:
         for module in training:
-            module.training = True
+            object.__setattr__(module, "training", True)
 
 
 class Stopped(Exception):
