@@ -205,9 +205,17 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
     return envs
 
 
+# CartPole's termination thresholds of x and theta: scaled by them, what is left of the observation spans [-1, 1]
+CARTPOLE_BOUNDS = np.array([2.4, 12 * 2 * math.pi / 360], dtype=np.float32)
+
+
 def drop_velocities(obs: np.ndarray) -> np.ndarray:
-    """CartPole's [x, x_dot, theta, theta_dot] -> [x, theta]: velocities must be inferred from the past."""
-    return obs[[0, 2]].astype(np.float32)
+    """CartPole's [x, x_dot, theta, theta_dot] -> [x, theta] / bounds: velocities must be inferred from the past.
+
+    An angle of 0.01 rad would otherwise reach the LSTM as an input change of 0.01, which the
+    difference of two steps (the velocity) makes smaller still.
+    """
+    return (obs[[0, 2]] / CARTPOLE_BOUNDS).astype(np.float32)
 
 
 def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
