@@ -332,7 +332,8 @@ class RolloutLoop:
                 call = PolicyCall(final_t, value_only=True)
             else:
                 rows = torch.from_numpy(index).to(self.device)
-                call = PolicyCall(final_t, self.next_state[rows], self._is_init_tensor(np.zeros(len(index), bool)), True)
+                not_init = self._is_init_tensor(np.zeros(len(index), dtype=bool))
+                call = PolicyCall(final_t, self.next_state[rows], not_init, value_only=True)
             final_values.append((t, index, self._value(call, len(index))))
         if mode == AutoresetMode.DISABLED:
             self.call = "envs.reset(options={'reset_mask': ...})"
@@ -352,7 +353,7 @@ class RolloutLoop:
         if self.initial_state is None:
             call = PolicyCall(last_obs, value_only=True)
         else:  # the state the next batch starts with; it is not advanced
-            call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), True)
+            call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), value_only=True)
         value, next_value = out["value"], out["next_value"]
         next_value[:-1] = value[1:]
         next_value[-1] = self._value(call, self.num_envs)
@@ -378,7 +379,9 @@ class RolloutLoop:
         else:
             value = raw
         if not isinstance(value, Tensor):
-            raise TypeError(f"Collector: policy.get_value must return a Tensor of shape ({n},), got {type(value).__name__}")
+            raise TypeError(
+                f"Collector: policy.get_value must return a Tensor of shape ({n},), got {type(value).__name__}"
+            )
         if value.dim() == 2 and value.shape[1] == 1:
             value = value.squeeze(1)
         if value.shape != (n,) or not value.is_floating_point() or value.device != self.device:
@@ -392,7 +395,7 @@ class RolloutLoop:
         return torch.from_numpy(is_init).to(self.device)
 
     def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
-        """Takes the next state out of a recurrent policy's outputs: ``"next_state"``, or TorchRL's ``("next", key)``."""
+        """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
         if isinstance(raw, TensorDictBase):
             if "next" in raw.keys() and all(("next", *_as_tuple(key)) in raw.keys(True) for key in self.state_keys):
                 next_state = raw.get("next").select(*self.state_keys)
@@ -425,7 +428,9 @@ class RolloutLoop:
         ):
             got = {str(key): tuple(next_state.get(key).shape) for key in sorted(keys, key=str)}
             want = {str(key): tuple(self.initial_state.get(key).shape) for key in self.state_keys}
-            raise ValueError(f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)")
+            raise ValueError(
+                f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)"
+            )
         return raw, next_state
 
     def _reset_state(self, next_state: TensorDictBase, starts: np.ndarray) -> TensorDictBase:

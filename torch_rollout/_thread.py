@@ -45,10 +45,9 @@ class ThreadPlacement:
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
 
-    def __init__(self, envs: VectorEnv, runner: nn.Module, *, own_copy: bool, owns_envs: bool, **loop_kwargs: Any):
+    def __init__(self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, **loop_kwargs: Any):
         self.envs = envs
         self.runner = runner
-        self.own_copy = own_copy  # runner is the collector's copy, not the user's module
         self.owns_envs = owns_envs
         self.lock = threading.Lock()
         self.version = 0
