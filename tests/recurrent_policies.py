@@ -104,14 +104,18 @@ class _Head(nn.Module):
         return self.logits(features).argmax(-1), self.value(features).squeeze(-1)
 
 
-def torchrl_lstm_policy(hidden: int = 8):
-    """A TensorDictSequential around TorchRL's LSTMModule, reading "obs" [n, 4] of CountingEnv."""
+def torchrl_recurrent_policy(kind: str, hidden: int = 8):
+    """A TensorDictSequential around TorchRL's LSTMModule or GRUModule (``kind``), reading "obs" [n, 4] of CountingEnv.
+
+    Its state keys: ``recurrent_state_h`` and ``recurrent_state_c`` (LSTM), ``recurrent_state`` (GRU).
+    """
     from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torchrl.modules import LSTMModule
+    from torchrl.modules import GRUModule, LSTMModule
 
     torch.manual_seed(0)
+    module = {"lstm": LSTMModule, "gru": GRUModule}[kind]
     return TensorDictSequential(
         TensorDictModule(nn.Linear(4, hidden), in_keys=["obs"], out_keys=["embed"]),
-        LSTMModule(input_size=hidden, hidden_size=hidden, in_key="embed", out_key="features"),
+        module(input_size=hidden, hidden_size=hidden, in_key="embed", out_key="features"),
         TensorDictModule(_Head(hidden), in_keys=["features"], out_keys=["action", "value"]),
     )

@@ -19,7 +19,7 @@ from recurrent_policies import (
     StepCountingPolicy,
     StepCountingValuePolicy,
     steps_state,
-    torchrl_lstm_policy,
+    torchrl_recurrent_policy,
 )
 from torch_rollout import Collector
 
@@ -106,23 +106,23 @@ def test_initial_state_as_a_tensordict_gives_each_env_its_row():
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_torchrl_lstm_module_through_the_tensordict_path(mode, placement):
-    """TorchRL's LSTMModule reads "is_init" and its recurrent-state keys and writes ("next", key); each stored state
-    is the module's next state of the row before, or zeros where an episode starts, across batches."""
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_torchrl_recurrent_modules_through_the_tensordict_path(kind, mode, placement):
+    """TorchRL's LSTMModule and GRUModule read "is_init" and their recurrent-state keys and write ("next", key); each
+    stored state is the module's next state of the row before, or zeros where an episode starts, across batches."""
     pytest.importorskip("torchrl")
     hidden = 8
-    zeros = torch.zeros(NUM_ENVS, 1, hidden)
-    initial = TensorDict({"recurrent_state_h": zeros, "recurrent_state_c": zeros.clone()}, [NUM_ENVS])
-    policy = torchrl_lstm_policy(hidden)
+    keys = ["recurrent_state_h", "recurrent_state_c"] if kind == "lstm" else ["recurrent_state"]
+    initial = TensorDict({key: torch.zeros(NUM_ENVS, 1, hidden) for key in keys}, [NUM_ENVS])
+    policy = torchrl_recurrent_policy(kind, hidden)
     batches = collect(placement, mode, policy, prefetch=1, initial_state=initial)
     rows = torch.cat(list(batches))  # [B * T, N]
-    assert rows["recurrent_state_h"].shape == (NUM_BATCHES * NUM_STEPS, NUM_ENVS, 1, hidden)
+    assert rows[keys[0]].shape == (NUM_BATCHES * NUM_STEPS, NUM_ENVS, 1, hidden)
     assert "next" not in rows.keys() and "features" in rows.keys()
     assert torch.equal(rows["is_init"], rows["obs"][..., 2] == 0)
     with torch.no_grad():
-        replayed = policy(rows.select("obs", "is_init", "recurrent_state_h", "recurrent_state_c").clone()
-                          .set("is_init", rows["is_init"].unsqueeze(-1)))  # fmt: skip
-    for key in ("recurrent_state_h", "recurrent_state_c"):
+        replayed = policy(rows.select("obs", *keys).set("is_init", rows["is_init"].unsqueeze(-1)))
+    for key in keys:
         stored, following = rows[key], replayed["next", key]
         start = rows["is_init"][1:]
         assert torch.allclose(stored[1:][~start], following[:-1][~start], atol=1e-6), key
