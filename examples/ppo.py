@@ -10,6 +10,7 @@ Usage::
     python examples/ppo.py                                   # CartPole-v1, configs/ppo_cartpole.yaml
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
+    python examples/ppo.py --config configs/ppo_cartpole_novel_lstm.yaml   # an LSTM on CartPole without velocities
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
     python examples/ppo.py --resume runs/ppo_CartPole-v1_seed1/checkpoint.pt   # carry on a stopped run
 """
@@ -65,6 +66,7 @@ class Config:
     normalize_reward: bool = False  # NormalizeReward: divide by a running std of the discounted return
     clip_reward: float | None = None  # clip scaled rewards to [-clip_reward, clip_reward]
     clip_action: bool = False  # ClipAction on Box action spaces
+    mask_velocity: bool = False  # CartPole only: drop the cart and pole velocities, so that acting needs memory
 
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
@@ -87,6 +89,8 @@ class Config:
     target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
 
     hidden_size: int = 64  # width of the two tanh layers of actor and critic
+    lstm_size: int = 0  # > 0: an LSTM of this width beneath actor and critic (a recurrent policy); 0: MLP only
+    bptt_steps: int = 8  # with an LSTM: minibatches of sequences of this many steps, replayed from the stored state
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
     return_window: int = 20  # episodes in the reported mean return
@@ -177,7 +181,15 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
 
     With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping.
     """
-    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync")
+    wrappers = []
+    if cfg.mask_velocity:
+        if cfg.env_id != "CartPole-v1":
+            raise ConfigError(f"mask_velocity knows CartPole-v1's observation only, got env_id={cfg.env_id}")
+        position_and_angle = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        wrappers.append(functools.partial(
+            gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
+        ))  # fmt: skip
+    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
     if cfg.normalize_reward and training:
         # NormalizeReward rescales what the collector sees, so its episode_return is no longer
         # the env's return: record the raw returns beneath the scaling (the "episode" info)
@@ -194,6 +206,19 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
         if cfg.clip_reward is not None:
             envs = gym.wrappers.vector.ClipReward(envs, -cfg.clip_reward, cfg.clip_reward)
     return envs
+
+
+# CartPole's termination thresholds of x and theta: scaled by them, what is left of the observation spans [-1, 1]
+CARTPOLE_BOUNDS = np.array([2.4, 12 * 2 * math.pi / 360], dtype=np.float32)
+
+
+def drop_velocities(obs: np.ndarray) -> np.ndarray:
+    """CartPole's [x, x_dot, theta, theta_dot] -> [x, theta] / bounds: velocities must be inferred from the past.
+
+    An angle of 0.01 rad would otherwise reach the LSTM as an input change of 0.01, which the
+    difference of two steps (the velocity) makes smaller still.
+    """
+    return (obs[[0, 2]] / CARTPOLE_BOUNDS).astype(np.float32)
 
 
 def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
@@ -246,14 +271,68 @@ class Agent(nn.Module):
         action = dist.sample()  # [N] int64 or [N, act_dim]; the collector clips Box actions for the env
         return {"action": action, "log_prob": dist.log_prob(action), "value": self.critic(obs).squeeze(-1)}
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """log_prob, entropy and value under the current weights, for the loss."""
-        dist = self.dist(obs)
-        return dist.log_prob(action), dist.entropy(), self.critic(obs).squeeze(-1)
+    def evaluate(self, mb: TensorDict) -> tuple[torch.Tensor, ...]:
+        """log_prob, entropy and value of the minibatch's actions under the current weights, for the loss."""
+        dist = self.dist(mb["obs"])
+        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(mb["obs"]).squeeze(-1)
 
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+    def act_deterministic(self, obs: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
         dist = self.dist(obs)
-        return dist.mean if self.continuous else dist.logits.argmax(-1)
+        return (dist.mean if self.continuous else dist.logits.argmax(-1)), None
+
+
+class RecurrentAgent(Agent):
+    """Actor and critic on the output of one LSTM: a recurrent policy whose state the collector carries.
+
+    The collector calls `forward(obs, state, is_init)` with the state of each env (zeros at
+    an episode start) and stores per row the state that went into the step, from which
+    `evaluate` replays sequences (truncated backpropagation through time).
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> None:
+        super().__init__(gym.spaces.Box(-1.0, 1.0, (cfg.lstm_size,)), action_space, cfg)  # heads read the LSTM
+        self.lstm = nn.LSTMCell(int(np.prod(obs_space.shape)), cfg.lstm_size)
+        for name, param in self.lstm.named_parameters():
+            nn.init.orthogonal_(param, 1.0) if name.startswith("weight") else nn.init.zeros_(param)
+
+    def initial_state(self, num_envs: int) -> TensorDict:
+        """The collector's initial_state: zeros, for every env and at every episode start."""
+        zeros = torch.zeros(num_envs, self.lstm.hidden_size, device=self.lstm.weight_hh.device)
+        return TensorDict({"h": zeros, "c": zeros.clone()}, batch_size=[num_envs])
+
+    def step(self, obs: torch.Tensor, state: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        h, c = self.lstm(obs, (state["h"], state["c"]))
+        return h, {"h": h, "c": c}
+
+    def forward(self, obs: torch.Tensor, state: TensorDict, is_init: torch.Tensor) -> dict[str, Any]:
+        """The collector's policy: samples actions for obs [N, obs_dim] and returns the next state."""
+        features, next_state = self.step(obs, state)
+        out = super().forward(features)
+        return {**out, "next_state": next_state}
+
+    def get_value(self, obs: torch.Tensor, state: TensorDict, is_init: torch.Tensor) -> torch.Tensor:
+        """The value alone, for the collector's bootstraps: no action sampled."""
+        return self.critic(self.step(obs, state)[0]).squeeze(-1)
+
+    def evaluate(self, mb: TensorDict) -> tuple[torch.Tensor, ...]:
+        """Replays sequences mb [M, L] from the state stored at their first row, resetting where is_init."""
+        h, c = mb["h"][:, 0], mb["c"][:, 0]
+        features = []
+        for t in range(mb.shape[1]):
+            keep = (~mb["is_init"][:, t]).unsqueeze(-1).to(h.dtype)  # an episode starts: zero state
+            h, c = self.lstm(mb["obs"][:, t], (h * keep, c * keep))
+            features.append(h)
+        features = torch.stack(features, 1)  # [M, L, lstm_size]
+        dist = self.dist(features)
+        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(features).squeeze(-1)
+
+    def act_deterministic(self, obs: torch.Tensor, state: TensorDict) -> tuple[torch.Tensor, TensorDict]:
+        features, next_state = self.step(obs, state)
+        return super().act_deterministic(features)[0], TensorDict(next_state, batch_size=state.batch_size)
+
+
+def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> Agent:
+    return (RecurrentAgent if cfg.lstm_size > 0 else Agent)(obs_space, action_space, cfg)
 
 
 # ---------------------------------------------------------------------------- training
@@ -326,7 +405,10 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         envs = functools.partial(make_envs, cfg)
         spaces = make_envs(cfg, 1)
         spaces.close()
-    agent = Agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
+    agent = make_agent(spaces.single_observation_space, spaces.single_action_space, cfg).to(device)
+    recurrent = isinstance(agent, RecurrentAgent)
+    if recurrent and cfg.num_steps % cfg.bptt_steps:
+        raise ConfigError(f"bptt_steps={cfg.bptt_steps} must divide num_steps={cfg.num_steps}")
     # fused: one kernel for all parameters instead of a loop over them (an update 8% faster on the CPU here)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
     # the collector thread samples actions from torch's global generator; shuffling
@@ -354,7 +436,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     collector = Collector(
         envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
         device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
-        backend=cfg.backend, num_workers=cfg.num_workers,
+        backend=cfg.backend, num_workers=cfg.num_workers, initial_state=agent.initial_state if recurrent else None,
         # the env's own returns, beneath NormalizeReward (see make_envs); else episode_return is that
         info_keys=("episode",) if cfg.normalize_reward else None,
     )  # fmt: skip
@@ -406,13 +488,18 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
 
-                # mask is False on NEXT_STEP reset rows: they are not transitions, keep them out
-                data = batch.select("obs", "action", "log_prob", "value", "advantage", "return")[batch["mask"]]  # [B]
+                # mask is False on NEXT_STEP reset rows: they are not transitions, the loss leaves them out
+                data = batch.select("obs", "action", "log_prob", "value", "advantage", "return", "mask")
+                if recurrent:  # sequences [S, L] of consecutive rows of one env, with the state that went into each
+                    data = to_sequences(batch.select(*data.keys(), "is_init", "h", "c"), cfg.bptt_steps)
+                else:
+                    data = data[batch["mask"]]  # [B]
                 update_start = time.perf_counter()
                 stats = update(agent, optimizer, data, cfg, shuffle_gen)
                 update_s = time.perf_counter() - update_start
 
-                ret, val = data["return"], data["value"]
+                real = batch["mask"]
+                ret, val = batch["return"][real], batch["value"][real]
                 explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
                 sps = (global_step - done_iterations * batch_steps) / (time.perf_counter() - start)
                 logger.log({
@@ -452,10 +539,19 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     return mean_return
 
 
+def to_sequences(batch: TensorDict, length: int) -> TensorDict:
+    """[T, N] -> [T // length * N, length]: each env's rows cut into sequences of `length` steps."""
+    T, N = batch.shape
+    return batch.apply(
+        lambda x: x.reshape(T // length, length, N, *x.shape[2:]).transpose(1, 2).reshape(-1, length, *x.shape[2:]),
+        batch_size=[T // length * N, length],
+    )
+
+
 def update(
     agent: Agent, optimizer: torch.optim.Optimizer, data: TensorDict, cfg: Config, shuffle_gen: torch.Generator
 ) -> dict[str, float]:
-    """PPO's clipped-objective epochs over one batch of real transitions `data` [B]."""
+    """PPO's clipped-objective epochs over one batch `data`: transitions [B] or sequences [S, L], with `mask`."""
     size = data.shape[0]
     minibatch_size = math.ceil(size / cfg.num_minibatches)
     clip_frac, updates = torch.zeros((), device=data.device), 0
@@ -463,7 +559,10 @@ def update(
         order = torch.randperm(size, device=data.device, generator=shuffle_gen)
         for begin in range(0, size, minibatch_size):
             mb = data[order[begin : begin + minibatch_size]]
-            log_prob, entropy, value = agent.evaluate(mb["obs"], mb["action"])
+            log_prob, entropy, value = agent.evaluate(mb)
+            if data.ndim == 2:  # sequences keep the rows that are no transition: the LSTM steps through them
+                real = mb["mask"]
+                mb, log_prob, entropy, value = mb[real], log_prob[real], entropy[real], value[real]
             # the stored log_prob is from the weights that acted, which lag the current
             # ones by a batch with prefetch=1: the ratio corrects for exactly that
             log_ratio = log_prob - mb["log_prob"]
@@ -544,8 +643,9 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
         set_obs_rms(obs_norm, state["obs_rms"])
         obs_norm.update_running_mean = False
-    agent = Agent(envs.single_observation_space, envs.single_action_space, cfg)
+    agent = make_agent(envs.single_observation_space, envs.single_action_space, cfg)
     agent.load_state_dict(state["model"])
+    memory = agent.initial_state(cfg.eval_episodes) if isinstance(agent, RecurrentAgent) else None
 
     # one episode per sub-env; later (autoreset) episodes are ignored
     returns = np.zeros(cfg.eval_episodes)
@@ -553,7 +653,8 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
     obs, _ = envs.reset(seed=cfg.seed + 10_000)  # episodes unseen in training
     while not finished.all():
         with torch.no_grad():
-            action = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            action, memory = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32), memory)
+            action = action.numpy()
         if agent.continuous:
             action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
         obs, reward, terminated, truncated, _ = envs.step(action)

@@ -24,6 +24,10 @@ RAY_RUNS: dict[str, dict[str, tuple[Any, ...]]] = {
     "test_async_env_error_reaches_consumer_when_warnings_are_errors": {},
     "test_cuda_batches_match_cpu": {"prefetch": (1,), "mode": ("NextStep",)},
     "test_a_resumed_collector_counts_on_and_continues_the_seed_stream": {},
+    "test_state_counts_steps_since_episode_start_on_every_row": {
+        "policy_cls": ("StepCountingValuePolicy",), "mode": ("SameStep",), "prefetch": (1,),
+    },
+    "test_infos_are_those_of_each_rows_step": {"mode": ("NextStep",)},
 }
 
 
@@ -41,7 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _value(param: Any) -> Any:
-    """A parameter as the table names it: an enum (an autoreset mode) by its value."""
+    """A parameter as the table names it: an enum (an autoreset mode) by its value, a class by its name."""
+    if isinstance(param, type):
+        return param.__name__
     return param.value if isinstance(param, enum.Enum) else param
 
 

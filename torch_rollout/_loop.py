@@ -9,6 +9,7 @@ from the ``value`` and ``next_value`` rows (see :func:`add_advantages`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,7 @@ from torch_rollout._spaces import (
 )
 from torch_rollout.gae import compute_gae
 
-__all__ = ["Forward", "RolloutLoop", "Stopped", "add_advantages", "call_policy"]
-
-# The placement's policy call: observations on the policy's device -> (raw outputs, weights version).
-Forward = Callable[[Obs], "tuple[Any, int]"]
+__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy"]
 
 # Rows the loop fills from NumPy on the host, with their dtypes.
 _HOST_KEYS = {
@@ -50,11 +48,58 @@ _HOST_KEYS = {
 }
 
 
-def call_policy(policy: nn.Module, obs: Obs, obs_key: str = "obs") -> Any:
-    """Calls ``policy`` on a batch of observations; a TensorDictModule reads them as ``obs_key``."""
-    if isinstance(policy, TensorDictModuleBase):
-        return policy(TensorDict({obs_key: obs}, batch_size=obs.shape[:1], device=obs.device))
-    return policy(obs)
+@dataclass
+class PolicyCall:
+    """One call of the policy that the loop asks its placement to make (see :func:`call_policy`).
+
+    ``state`` and ``is_init`` are set in recurrent mode only. ``value_only``
+    marks a bootstrap: only the value is wanted, and ``policy.get_value`` is
+    called instead of the forward when the policy has one.
+    """
+
+    obs: Obs
+    state: TensorDictBase | None = None
+    is_init: Tensor | None = None
+    value_only: bool = False
+
+
+# The placement's policy call: a PolicyCall on the policy's device -> (raw outputs, weights version).
+Forward = Callable[[PolicyCall], "tuple[Any, int]"]
+
+
+def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs") -> Any:
+    """Makes ``call`` on ``policy`` in eval mode, and puts back the modes its modules had.
+
+    The forward is ``policy(obs)``, or ``policy(obs, state, is_init)`` in
+    recurrent mode; a value-only call uses ``policy.get_value`` with the same
+    arguments when it exists. A TensorDictModule gets one TensorDict with
+    ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
+    state's entries at their own keys), as TorchRL's recurrent modules read it.
+    """
+    # Acting is inference whatever the trainer's module is doing: no dropout, no BatchNorm statistics
+    # updated, in every placement (the thread with prefetch=0 acts with the trainer's module itself).
+    # The flags are set as nn.Module.train sets them, but without nn.Module.__setattr__, which made the switch
+    # and back 4x to 7x dearer (the example's Agent, 2-core machine: 67 us against 18 us at a load of 4).
+    training = [module for module in policy.modules() if module.training]
+    for module in training:
+        object.__setattr__(module, "training", False)
+    try:
+        method = getattr(policy, "get_value", None) if call.value_only else None
+        function = policy if method is None else method
+        if isinstance(policy, TensorDictModuleBase):
+            entries: dict[str, Any] = {obs_key: call.obs}
+            if call.state is not None:
+                entries["is_init"] = call.is_init.unsqueeze(-1)
+            td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
+            if call.state is not None:
+                td.update(call.state)
+            return function(td)
+        if call.state is None:
+            return function(call.obs)
+        return function(call.obs, call.state, call.is_init)
+    finally:
+        for module in training:
+            object.__setattr__(module, "training", True)
 
 
 class Stopped(Exception):
@@ -86,6 +131,11 @@ class RolloutLoop:
         env_offset: global index of env 0, for error messages.
         info_keys: ``{key: example or None}`` of the env infos to keep (see :class:`InfoRecorder`).
         obs_key: the batch key of observations, and the key a TensorDictModule reads them from.
+        initial_state: recurrent mode: the initial state of all the collector's
+            envs, ``[num_envs_total, ...]``; this loop takes the rows of its own
+            envs (from ``env_offset``), resets an env's state to its row at each
+            episode start, and writes ``is_init`` and the state that went into
+            each step at the state's keys of the batch.
     """
 
     def __init__(
@@ -103,6 +153,7 @@ class RolloutLoop:
         env_offset: int = 0,
         info_keys: Mapping[str, Any] | None = None,
         obs_key: str = "obs",
+        initial_state: TensorDictBase | None = None,
     ) -> None:
         self.envs = envs
         self.forward = forward
@@ -133,6 +184,13 @@ class RolloutLoop:
         # Batches on the host are written from NumPy and observations go to the policy from
         # there; batches on CUDA get observations through a page-locked staging row.
         self.on_host = self.storage_device.type == "cpu"
+        self.host_keys = _HOST_KEYS
+        self.initial_state = None
+        if initial_state is not None:
+            self.host_keys = {**_HOST_KEYS, "is_init": np.bool_}
+            rows = initial_state[env_offset : env_offset + self.num_envs]
+            self.initial_state = rows.to(device).clone()
+            self.state_keys = list(rows.keys(include_nested=True, leaves_only=True))
 
     def reseed(self, seed: int | None) -> None:
         """Resets the envs with ``seed`` before the next batch (a resumed collector's part of the seed stream)."""
@@ -150,6 +208,9 @@ class RolloutLoop:
         self.prev_done = np.zeros(N, dtype=bool)  # NEXT_STEP: the next step of these envs is a reset
         self.ep_return = np.zeros(N, dtype=np.float32)
         self.ep_length = np.zeros(N, dtype=np.int64)
+        if self.initial_state is not None:
+            self.state = self.initial_state.clone()  # the state that goes into the next step
+            self.is_init = np.ones(N, dtype=bool)  # the next step starts an episode
         # Reused each step: reading the action back synchronizes with the upload.
         self.staging = None if self.on_host else ObsBuffer(self.obs_space, (N,), pin_memory=True)
 
@@ -163,14 +224,16 @@ class RolloutLoop:
             self.reset()
         if out is None:
             obs_buffer = ObsBuffer(self.obs_space, (T, N), device=self.storage_device)
-            host = {key: np.empty((T, N), dtype=dtype) for key, dtype in _HOST_KEYS.items()}
+            host = {key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()}
             outputs: dict[str, Tensor] | None = None
+            states = None
         else:
             obs_buffer = ObsBuffer.wrap(self.obs_space, out[self.obs_key])
-            host = {key: out[key].numpy() for key in _HOST_KEYS} if self.on_host else {
-                key: np.empty((T, N), dtype=dtype) for key, dtype in _HOST_KEYS.items()
+            host = {key: out[key].numpy() for key in self.host_keys} if self.on_host else {
+                key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()
             }
             outputs = {key: out[key] for key in self.output_keys}
+            states = None if self.initial_state is None else out.select(*self.state_keys)
         info_rows = None
         if self.infos is not None and out is not None:
             info_rows = self.infos.views(out["info"]) if self.on_host else self.infos.empty_rows(T)
@@ -186,7 +249,15 @@ class RolloutLoop:
             if self.stop():
                 raise Stopped
             obs_t = self._obs_to_device(obs_buffer, t)
-            raw, version = self._forward(obs_t)
+            if self.initial_state is None:
+                raw, version = self._forward(PolicyCall(obs_t))
+            else:
+                if states is None:
+                    states = _empty_rows(self.state, T, self.storage_device)
+                states[t] = self.state
+                host["is_init"][t] = self.is_init
+                raw, version = self._forward(PolicyCall(obs_t, self.state, self._is_init_tensor(self.is_init)))
+                raw, next_state = self._split_state(raw, N)
             out_t = self._check_outputs(raw, N)
             if outputs is None:
                 outputs = {key: _empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
@@ -211,14 +282,19 @@ class RolloutLoop:
                 mask[t] = real = ~self.prev_done
                 self.prev_done = done
                 self.ep_length += real
+                starts = ~real  # an env's step after its reset step starts its episode
             else:
                 self.ep_length += 1
+                starts = done
             if self.infos is not None:
                 if info_rows is None:
                     if self.infos.structures is None:
                         self.infos.learn(self.reset_infos, info)
                     info_rows = self.infos.empty_rows(T)
                 self.infos.record(info_rows, t, info, done, real)
+            if self.initial_state is not None:
+                # The final observations of envs that ended are valued with this state, before any reset.
+                self.next_state = next_state
             self.ep_return += r
             ep_return[t], ep_length[t] = self.ep_return, self.ep_length
             if done.any():
@@ -226,6 +302,9 @@ class RolloutLoop:
                 self.ep_length[done] = 0
                 next_obs = self._finish_episodes(t, done, next_obs, info, final_values)
             self.obs = next_obs
+            if self.initial_state is not None:
+                self.state = self._reset_state(next_state, starts)
+                self.is_init = starts
 
         if out is None:
             batch = {self.obs_key: obs_buffer.tensor, **outputs}
@@ -236,6 +315,8 @@ class RolloutLoop:
             if self.has_value:
                 batch["next_value"] = torch.empty_like(outputs[self.value_key])
             out = TensorDict(batch, batch_size=[T, N], device=self.storage_device)
+            if states is not None:
+                out.update(states)
         elif not self.on_host:
             for key, array in host.items():
                 out[key].copy_(torch.from_numpy(array), non_blocking=True)
@@ -279,9 +360,15 @@ class RolloutLoop:
         if self.has_value:
             if final is None:
                 final = select_obs(self.obs_space, next_obs, index)
-            # One batched forward for every env that ended this step.
-            raw, _ = self._forward(obs_to_tensor(self.obs_space, final, self.device))
-            final_values.append((t, index, self._check_outputs(raw, len(index))[self.value_key]))
+            # One batched value call for every env that ended this step, with the state after their last step.
+            final_t = obs_to_tensor(self.obs_space, final, self.device)
+            if self.initial_state is None:
+                call = PolicyCall(final_t, value_only=True)
+            else:
+                rows = torch.from_numpy(index).to(self.device)
+                not_init = self._is_init_tensor(np.zeros(len(index), dtype=bool))
+                call = PolicyCall(final_t, self.next_state[rows], not_init, value_only=True)
+            final_values.append((t, index, self._value(call, len(index))))
         if mode == AutoresetMode.DISABLED:
             self.call = "envs.reset(options={'reset_mask': ...})"
             next_obs, _ = self.envs.reset(options={"reset_mask": done})
@@ -297,16 +384,102 @@ class RolloutLoop:
         else:
             self.staging.write(slice(None), self.obs)
             last_obs = self.staging.tensor.to(self.device, non_blocking=True)
-        raw, _ = self._forward(last_obs)
+        if self.initial_state is None:
+            call = PolicyCall(last_obs, value_only=True)
+        else:  # the state the next batch starts with; it is not advanced
+            call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), value_only=True)
         value, next_value = out[self.value_key], out["next_value"]
         next_value[:-1] = value[1:]
-        next_value[-1] = self._check_outputs(raw, self.num_envs)[self.value_key]
+        next_value[-1] = self._value(call, self.num_envs)
         for t, index, final_value in final_values:
             next_value[t, torch.from_numpy(index).to(next_value.device)] = final_value.to(next_value.device)
 
-    def _forward(self, obs: Obs) -> tuple[Any, int]:
+    def _forward(self, call: PolicyCall) -> tuple[Any, int]:
         self.call = "the policy's forward()"
-        return self.forward(obs)
+        return self.forward(call)
+
+    # -- bootstrap values and recurrent state --------------------------------------------------
+
+    def _value(self, call: PolicyCall, n: int) -> Tensor:
+        """The value of a bootstrap call: from ``policy.get_value`` when the policy has one, else its forward."""
+        raw, _ = self._forward(call)
+        if isinstance(raw, (TensorDictBase, Mapping)):
+            value = raw.get(self.value_key, None)
+            if value is None:
+                raise ValueError(
+                    f"Collector: a bootstrap call of the policy (or its get_value) returned keys "
+                    f"{sorted(map(str, raw.keys()))}, without {self.value_key!r}"
+                )
+        else:
+            value = raw
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"Collector: policy.get_value must return a Tensor of shape ({n},), got {type(value).__name__}"
+            )
+        if value.dim() == 2 and value.shape[1] == 1:
+            value = value.squeeze(1)
+        if value.shape != (n,) or not value.is_floating_point() or value.device != self.device:
+            raise ValueError(
+                f"Collector: the bootstrap value has shape {tuple(value.shape)}, dtype {value.dtype} and device "
+                f"{value.device}, expected a floating-point tensor of shape ({n},) or ({n}, 1) on {self.device}"
+            )
+        return value
+
+    def _is_init_tensor(self, is_init: np.ndarray) -> Tensor:
+        return torch.from_numpy(is_init).to(self.device)
+
+    def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
+        """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
+        if isinstance(raw, TensorDictBase):
+            if "next" in raw.keys() and all(("next", *_as_tuple(key)) in raw.keys(True) for key in self.state_keys):
+                next_state = raw.get("next").select(*self.state_keys)
+                raw = raw.exclude("next", "is_init", *self.state_keys)
+            else:
+                next_state = raw.get("next_state", None)
+                raw = raw.exclude("next_state", "is_init", *self.state_keys)
+        elif isinstance(raw, Mapping):
+            raw = dict(raw)
+            next_state = raw.pop("next_state", None)
+        else:
+            return raw, None  # _check_outputs names the problem
+        if next_state is None:
+            raise ValueError(
+                f"Collector: with initial_state the policy must return its next state, as 'next_state' (a Mapping "
+                f"or TensorDict with the keys {self._state_names()}) or, from a TensorDictModule, at ('next', key); "
+                f"it returned keys {sorted(map(str, raw.keys()))}"
+            )
+        if not isinstance(next_state, TensorDictBase):
+            try:
+                next_state = TensorDict(dict(next_state), batch_size=[n], device=self.device)
+            except Exception as exc:
+                raise ValueError(
+                    f"Collector: the policy's 'next_state' must be a Mapping of tensors [{n}, ...] with the keys "
+                    f"{self._state_names()}, got {type(next_state).__name__} ({exc})"
+                ) from None
+        keys = set(next_state.keys(include_nested=True, leaves_only=True))
+        if keys != set(self.state_keys) or any(
+            next_state.get(key).shape != self.initial_state.get(key).shape for key in self.state_keys
+        ):
+            got = {str(key): tuple(next_state.get(key).shape) for key in sorted(keys, key=str)}
+            want = {str(key): tuple(self.initial_state.get(key).shape) for key in self.state_keys}
+            raise ValueError(
+                f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)"
+            )
+        return raw, next_state
+
+    def _reset_state(self, next_state: TensorDictBase, starts: np.ndarray) -> TensorDictBase:
+        """The state of the next step: ``next_state``, with the initial state for envs that start an episode."""
+        if not starts.any():
+            return next_state
+        rows = torch.from_numpy(starts).to(self.device)
+
+        def reset(initial: Tensor, carried: Tensor) -> Tensor:
+            return torch.where(rows.view(-1, *(1,) * (carried.dim() - 1)), initial, carried)
+
+        return self.initial_state.apply(reset, next_state)
+
+    def _state_names(self) -> list[str]:
+        return [str(key) for key in self.state_keys]
 
     def _check_finite(
         self, obs: Any, reward: np.ndarray | None, call: str, t: int | None = None, index: np.ndarray | None = None
@@ -382,6 +555,13 @@ class RolloutLoop:
                     f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
                 )
         if self.output_keys is None:
+            if self.initial_state is not None:
+                clash = sorted(str(key) for key in items if key in {_as_tuple(k)[0] for k in self.state_keys})
+                if clash:
+                    raise ValueError(
+                        f"Collector: policy outputs {clash} have the names of initial_state's entries, which the "
+                        "batch stores at those keys; rename one of them"
+                    )
             self.output_keys = list(items)
             self.has_value = value is not None
         elif n == self.num_envs and items.keys() != set(self.output_keys):
@@ -389,6 +569,10 @@ class RolloutLoop:
                 f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(items)} between steps"
             )
         return items
+
+
+def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)
 
 
 def _empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:

@@ -31,13 +31,12 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import RolloutLoop, Stopped, call_policy
-from torch_rollout._spaces import Obs
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
 
 __all__ = ["ProcessPlacement"]
 
 # Slots of the control block shared with the workers (an int64 tensor).
-_VERSION, _TRAINING, _STOP = 0, 1, 2
+_VERSION, _STOP = 0, 1
 # How long close() waits for a worker to exit by itself before it is terminated.
 _EXIT_WAIT = 5.0
 
@@ -92,8 +91,7 @@ class ProcessPlacement:
         ctx = _context()
         self.device = device
         self.num_workers = num_workers
-        self.control = torch.zeros(3, dtype=torch.int64).share_memory_()
-        self.control[_TRAINING] = int(shared_policy.training)
+        self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
         self.conns: list[multiprocessing.connection.Connection] = []
@@ -148,7 +146,7 @@ class ProcessPlacement:
     def version(self) -> int:
         return int(self.control[_VERSION]) if self.control is not None else self.final_version
 
-    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the shared copy's ``dst`` and publishes a new version, no worker in a forward pass."""
         if self.control is None:  # closed: the shared copy went with the workers
             return
@@ -156,7 +154,6 @@ class ProcessPlacement:
         with _sigint_deferred(), ExitStack() as stack:
             for lock in self.locks:
                 stack.enter_context(lock)
-            self.control[_TRAINING] = int(training)
             self.control[_VERSION] += 1
             if dst:
                 torch._foreach_copy_(dst, src)
@@ -442,19 +439,18 @@ class _WorkerForward:
         self.device = device
         # On the CPU the worker runs the shared copy itself; elsewhere a copy on its device,
         # refreshed from the shared one whenever the version changes.
-        self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device)
+        self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device).eval()
         self.seen = -1
 
-    def __call__(self, obs: Obs) -> tuple[Any, int]:
+    def __call__(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
             version = int(self.ctrl[_VERSION])
             if version != self.seen:
                 if self.runner is not self.shared:
                     for dst, src in zip(self.runner.state_dict().values(), self.shared.state_dict().values()):
                         dst.copy_(src)
-                self.runner.train(bool(self.ctrl[_TRAINING]))
                 self.seen = version
-            return call_policy(self.runner, obs, self.obs_key), version
+            return call_policy(self.runner, call, self.obs_key), version
 
 
 def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:

@@ -30,9 +30,8 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import RolloutLoop, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
 from torch_rollout._process import _sigint_deferred
-from torch_rollout._spaces import Obs
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
 
@@ -161,7 +160,6 @@ class RayPlacement:
         self.where: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # node, pid, actor of each worker
         # Weights: version 0 travels inside the set-up payload; later ones as one object per refresh.
         self._version = 0
-        self._training = runner.training
         self._flat = flatten_weights_(runner, torch.device("cpu"))
         self._weights: Any = None
         self._sent = [0] * num_workers  # the version each worker holds once its queued requests ran
@@ -208,7 +206,7 @@ class RayPlacement:
     def version(self) -> int:
         return self._version
 
-    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and publishes it as a new version with one ``ray.put``."""
         if self.closed:
             return
@@ -217,7 +215,6 @@ class RayPlacement:
             if dst:
                 torch._foreach_copy_(dst, src)
             self._weights = self.ray.put(self._flat.numpy())
-            self._training = training
             self._version += 1
 
     def set_version(self, version: int) -> None:
@@ -251,7 +248,7 @@ class RayPlacement:
         weights = None
         if self._sent[k] != self._version:
             weights, self._sent[k] = self._weights, self._version
-        return self.actors[k].collect.remote(self._version, weights, self._training)
+        return self.actors[k].collect.remote(self._version, weights)
 
     def wait(self, deadline: float | None) -> bool:
         """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
@@ -474,19 +471,17 @@ class _RayWorker:
             return self._error(exc)
         return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
 
-    def forward(self, obs: Obs) -> tuple[Any, int]:
-        return call_policy(self.runner, obs), self.version
+    def forward(self, call: PolicyCall) -> tuple[Any, int]:
+        return call_policy(self.runner, call, self.loop.obs_key), self.version
 
     def reseed(self, seed: int | None) -> None:
         self.loop.reseed(seed)
 
-    def collect(self, version: int, weights: np.ndarray | None, training: bool) -> tuple:
+    def collect(self, version: int, weights: np.ndarray | None) -> tuple:
         try:
             if weights is not None:
                 self._load(weights)
             self.version = version
-            if self.runner.training != training:
-                self.runner.train(training)
             with torch.no_grad():
                 self.out = self.loop.collect(self.out)  # serialized by Ray on return: the next batch may reuse it
             arrays = {key: _numpy(value) for key, value in self.out.items(include_nested=True, leaves_only=True)}

@@ -17,8 +17,7 @@ from torch import Tensor, nn
 
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
-from torch_rollout._loop import RolloutLoop, Stopped, call_policy
-from torch_rollout._spaces import Obs
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
 
 __all__ = ["ThreadPlacement"]
 
@@ -47,10 +46,9 @@ class ThreadPlacement:
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
 
-    def __init__(self, envs: VectorEnv, runner: nn.Module, *, own_copy: bool, owns_envs: bool, **loop_kwargs: Any):
+    def __init__(self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, **loop_kwargs: Any):
         self.envs = envs
         self.runner = runner
-        self.own_copy = own_copy  # runner is the collector's copy, not the user's module
         self.owns_envs = owns_envs
         self.lock = threading.Lock()
         self.version = 0
@@ -72,15 +70,13 @@ class ThreadPlacement:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def forward(self, obs: Obs) -> tuple[Any, int]:
+    def forward(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, obs, self.loop.obs_key), self.version
+            return call_policy(self.runner, call, self.loop.obs_key), self.version
 
-    def refresh(self, dst: list[Tensor], src: list[Tensor], *, training: bool) -> None:
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""
         with self.lock:
-            if self.own_copy and self.runner.training != training:
-                self.runner.train(training)
             # All or nothing under Ctrl-C: a signal handler runs only between calls, and none comes between
             # the new version and the one C call that copies every tensor.
             self.version += 1

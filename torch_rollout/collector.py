@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
@@ -140,7 +140,45 @@ class Collector:
     processes start from a forkserver: a script that creates a collector needs
     the usual ``if __name__ == "__main__":`` guard.
 
-    Weights and policy lag: the policy is called under ``torch.no_grad()``.
+    Acting mode: the policy is called under ``torch.no_grad()`` and in eval
+    mode (``policy.eval()``: no dropout, BatchNorm uses and keeps its running
+    statistics) in every placement and whatever mode the trainer's module is
+    in; with ``prefetch=0`` on the thread, which acts with the trainer's module
+    itself, each call puts back the modes its modules had. Acting never changes
+    the trainer's buffers (a module that updates buffers even in eval mode is
+    outside this contract: keep running statistics in the trainer or in an env
+    wrapper). Bootstrap values (the last row's ``next_value``; final
+    observations in SAME_STEP and DISABLED modes) come from
+    ``policy.get_value`` when the policy has such a method, called with the
+    same arguments as the forward and returning the value (``[n]`` or
+    ``[n, 1]``, or a Mapping or TensorDict with ``"value"``): bootstraps then
+    sample no actions (torch's RNG sees acting calls only) and never run the
+    forward. Without it they run the forward and keep only ``"value"``.
+
+    Recurrent policies (``initial_state`` given): the collector owns the state.
+    ``initial_state`` is a TensorDict of ``[num_envs, ...]`` tensors (or a
+    function ``initial_state(num_envs)`` returning one, called once); its
+    entries are the state, under names of your choice. The policy is called
+    as ``policy(obs, state, is_init)`` with ``state`` a TensorDict ``[n]`` of
+    those entries and ``is_init`` a bool tensor ``[n]`` (True where the step
+    starts an episode, where ``state`` is the env's row of ``initial_state``),
+    and returns ``"next_state"`` (a Mapping or TensorDict of the same entries)
+    beside its outputs. A TensorDictModule (TorchRL's ``LSTMModule``,
+    ``GRUModule``) reads ``"obs"``, ``"is_init"`` (``[n, 1]``) and the
+    state's entries at their keys, and writes the next state at
+    ``("next", key)``. Row ``t`` of the batch stores ``is_init`` and the
+    state that went into the step at the state's own keys (e.g.
+    ``batch["h"]`` of ``[T, N, ...]``), so a trainer replays any sequence from
+    the stored state at its first row (truncated BPTT), resetting to the
+    initial state where ``is_init``. An env's state is reset at the first
+    step of each episode (in NEXT_STEP mode: after its reset row, which is
+    called with the ended episode's state), and carried across batches.
+    Bootstraps value the final observation with the state after the
+    episode's last step, and the last row with the state the next batch
+    starts with; they never advance the carried state. With worker processes
+    each worker keeps the state of its own envs; only its rows travel.
+
+    Weights and policy lag:
     With ``prefetch >= 1`` the collector runs its own copy of the policy and
     refreshes it from ``policy`` whenever the next batch is requested (the
     trainer has finished its update then) and on :meth:`update_policy`; each
@@ -231,6 +269,10 @@ class Collector:
             ``scheduling_strategy``, ...; a worker given GPUs runs the policy on
             its GPU), and ``max_restarts``: how many times a worker whose actor
             died is recreated with new envs (default 0: the death is an error).
+        initial_state: a recurrent policy's initial state, a TensorDict (or a
+            Mapping) of ``[num_envs, ...]`` tensors or a function
+            ``initial_state(num_envs)`` returning one (see Recurrent policies);
+            ``None``: the policy is called as ``policy(obs)``.
 
     Raises:
         TypeError: for an unsupported space or argument type.
@@ -296,6 +338,7 @@ class Collector:
         info_keys: Sequence[str] | Mapping[str, Any] | None = None,
         obs_key: str = "obs",
         ray_options: Mapping[str, Any] | None = None,
+        initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -379,6 +422,8 @@ class Collector:
         loop_kwargs = {
             "num_steps": num_steps, "check_finite": bool(check_finite), "info_keys": info_specs, "obs_key": obs_key,
         }  # fmt: skip
+        if initial_state is not None:
+            loop_kwargs["initial_state"] = _initial_state(initial_state, num_envs, obs_key)
         if backend == "thread":
             self._owns_envs = not isinstance(envs, VectorEnv)
             built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs, env_kwargs=env_kwargs)
@@ -390,7 +435,7 @@ class Collector:
                     runner = _inference_copy(policy, self.device, backend, prefetch)
                 mode = autoreset_mode(built)
                 self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
-                    built, runner, own_copy=runner is not policy, owns_envs=self._owns_envs, device=self.device,
+                    built, runner, owns_envs=self._owns_envs, device=self.device,
                     seed=seed, autoreset_mode=mode, **loop_kwargs,
                 )  # fmt: skip
             except BaseException:
@@ -530,7 +575,7 @@ class Collector:
         """
         dst, src = self._weight_pairs()
         with torch.no_grad():
-            self._placement.refresh(dst, src, training=self.policy.training)
+            self._placement.refresh(dst, src)
 
     def _weight_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
         """The acting copy's tensors and the policy's current ones of the same names, to copy in that order.
@@ -737,6 +782,43 @@ def _importable_in_worker(obj: Any) -> bool:
     return not (module == "__main__" and getattr(main, "__file__", None) is None)
 
 
+# Keys of the batch and of a recurrent policy's call: initial_state's entries cannot use them (nor obs_key).
+_STATE_RESERVED_KEYS = _BATCH_KEYS | {"value", "state_value", "log_prob", "is_init", "next", "next_state"}
+
+
+def _initial_state(initial_state: Any, num_envs: int, obs_key: str) -> TensorDictBase:
+    """``initial_state`` as a TensorDict ``[num_envs, ...]`` on the CPU (workers take their rows of it)."""
+    given = initial_state
+    if callable(initial_state) and not isinstance(initial_state, (TensorDictBase, Mapping)):
+        initial_state = initial_state(num_envs)
+    if isinstance(initial_state, Mapping):
+        initial_state = TensorDict(dict(initial_state), batch_size=[])
+    if not isinstance(initial_state, TensorDictBase):
+        raise TypeError(
+            "Collector: initial_state must be a TensorDict of [num_envs, ...] tensors or a function "
+            f"initial_state(num_envs) returning one, got {type(given).__name__}"
+            + ("" if initial_state is given else f" returning {type(initial_state).__name__}")
+        )
+    leaves = list(initial_state.items(include_nested=True, leaves_only=True))
+    if not leaves:
+        raise ValueError("Collector: initial_state has no entries; pass initial_state=None for a policy without state")
+    for key, tensor in leaves:
+        if tensor.dim() == 0 or tensor.shape[0] != num_envs:
+            raise ValueError(
+                f"Collector: initial_state entry {key!r} has shape {tuple(tensor.shape)}, expected a leading size of "
+                f"num_envs={num_envs} (one row per env)"
+            )
+    clash = sorted(key for key in initial_state.keys() if key in _STATE_RESERVED_KEYS | {obs_key})
+    if clash:
+        raise ValueError(
+            f"Collector: initial_state entries {clash} would overwrite keys of the batch; the batch stores the state "
+            f"at initial_state's own keys, so name them otherwise (e.g. 'h', 'c', or 'recurrent_state_h')"
+        )
+    state = initial_state.detach().to("cpu").clone()
+    state.batch_size = [num_envs]
+    return state
+
+
 def _check_policy_device(policy: nn.Module, device: torch.device) -> None:
     for name, tensor in _named_weights(policy):
         if tensor.device != device:
@@ -772,6 +854,7 @@ def _inference_copy(policy: nn.Module, device: torch.device, backend: str, prefe
         ) from exc
     runner.to(device)
     runner.requires_grad_(False)
+    runner.eval()  # the collector always acts in eval mode (see call_policy)
     return runner
 
 
