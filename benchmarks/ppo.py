@@ -15,7 +15,7 @@ Three tables ("suites"):
   no value clipping, ...).
 - ``halfcheetah``: HalfCheetah-v5 by mode, ``configs/ppo_halfcheetah.yaml``
   with ``normalize_obs=false normalize_reward=false`` in every row, since the
-  process backend cannot run the normalising wrappers; only when mujoco is
+  example keeps normalize_obs to the thread backend; only when mujoco is
   installed. Reported, no bar.
 
 Each run is a fresh Python process, so no system inherits another's warm
@@ -343,7 +343,7 @@ def suite_halfcheetah() -> Suite:
     elif not HALFCHEETAH_CONFIG.exists():
         notes.append(f"{HALFCHEETAH_CONFIG.relative_to(REPO_ROOT)} not found: HalfCheetah skipped")
     else:
-        # the process backend cannot run the normalising wrappers: every row goes without them
+        # the example keeps normalize_obs to the thread backend: every row goes without normalisation
         common = ["normalize_obs=false", "normalize_reward=false", "device=cpu"]
         for mode, overrides in MODES.items():
             runners[f"torch_rollout {mode}"] = lambda n, s, o=overrides: run_example(

@@ -110,7 +110,7 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
             "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
             "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
             "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
-            "and reward normalisation in every row, which the process backend cannot run yet. Each run is a fresh "
+            "and reward normalisation in every row (the example keeps `normalize_obs` to the thread). Each run is a fresh "
             "process; steady state = from the end of the first iteration to the end of the last; `policy lag`: the "
             "mean over iterations of the example's `charts/policy_lag` (versions between the weights that collected "
             "a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust CartPole, "
