@@ -28,6 +28,7 @@ RAY_RUNS: dict[str, dict[str, tuple[Any, ...]]] = {
         "policy_cls": ("StepCountingValuePolicy",), "mode": ("SameStep",), "prefetch": (1,),
     },
     "test_infos_are_those_of_each_rows_step": {"mode": ("NextStep",)},
+    "test_env_error_in_a_worker_reaches_next_with_its_traceback": {},
 }
 
 

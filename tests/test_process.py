@@ -23,6 +23,7 @@ from gymnasium.vector import SyncVectorEnv
 from tensordict import TensorDict
 
 from counting_env import CountingPolicy, make_counting_envs
+from placements import PLACEMENTS, local_ray
 from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
 from test_collector import SpacesEnv, SpacesPolicy
 from torch_rollout import Collector
@@ -243,12 +244,26 @@ def test_env_registered_only_in_the_trainer_is_explained():
 # -- faults ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_workers", [1, 2])
-def test_env_error_in_a_worker_reaches_next_with_its_traceback(num_workers):
+# How a remote traceback names its worker, per placement.
+PROCESS_WORKER = r"in worker [01] \(pid \d+\)"
+RAY_WORKER = r"in Ray worker \d \(actor [0-9a-f]+, pid \d+, node [\d.]+, envs \d+\.\.\d+\)"
+
+
+@pytest.mark.parametrize(
+    "placement, named",
+    [
+        pytest.param({"backend": "process", "num_workers": 1}, PROCESS_WORKER, id="process1"),
+        pytest.param({"backend": "process", "num_workers": 2}, PROCESS_WORKER, id="process2"),
+        pytest.param({"backend": "ray", "num_workers": 2}, RAY_WORKER, id="ray2", marks=PLACEMENTS[-1].marks),
+    ],
+)
+def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named):
+    if placement["backend"] == "ray":
+        local_ray()  # its workers import the tests' env modules
     snapshot = Snapshot()
     collector = Collector(
         FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "step_raises", "at": 7},
-        backend="process", num_workers=num_workers, timeout=TIMEOUT,
+        timeout=TIMEOUT, **placement,
     )  # fmt: skip
     delivered = 0
     with pytest.raises(EnvFault, match=re.escape("step 7 of env 0 failed")) as info:
@@ -257,13 +272,14 @@ def test_env_error_in_a_worker_reaches_next_with_its_traceback(num_workers):
     assert delivered == 1  # step 7 falls in the second batch
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback)
-    assert re.search(r"in worker [01] \(pid \d+\)", str(cause)) and "in step" in str(cause) and "EnvFault" in str(cause)
+    assert re.search(named, str(cause)) and "in step" in str(cause) and "EnvFault" in str(cause)
     assert collector.closed
     with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with EnvFault"):
         next(collector)
-    assert wait_until(lambda: not workers(), 5.0)
     del collector, info, cause
-    snapshot.assert_no_leaks()
+    if placement["backend"] == "process":  # Ray keeps its own pool of worker processes
+        assert wait_until(lambda: not workers(), 5.0)
+        snapshot.assert_no_leaks()
 
 
 def test_policy_error_in_a_worker_reaches_next():

@@ -150,24 +150,6 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
 # -- errors and deaths -----------------------------------------------------------------------------
 
 
-def test_env_error_reaches_next_with_the_remote_traceback_worker_and_node():
-    collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "step_raises", "at": 7},
-        backend="ray", num_workers=2, timeout=TIMEOUT,
-    )  # fmt: skip
-    delivered = 0
-    with pytest.raises(EnvFault, match=re.escape("step 7 of env 0 failed")) as info:
-        for _ in take(collector):
-            delivered += 1
-    assert delivered == 1  # step 7 falls in the second batch
-    cause = info.value.__cause__
-    assert isinstance(cause, RemoteTraceback)
-    assert re.search(f"in {WORKER}", str(cause)) and "in step" in str(cause) and "EnvFault" in str(cause)
-    assert collector.closed
-    with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with EnvFault"):
-        next(collector)
-
-
 def test_policy_error_reaches_next():
     with pytest.raises(PolicyFault, match=re.escape("policy call 6 failed")) as info:
         with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, backend="ray", timeout=TIMEOUT) as c:
