@@ -469,13 +469,13 @@ def take(collector: Any, limit: int = 50) -> Any:
     return itertools.islice(collector, limit)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Polls ``predicate`` until it holds or ``timeout`` seconds pass; returns its last value."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.02) -> bool:
+    """Polls ``predicate`` every ``interval`` s until it holds or ``timeout`` s pass; returns its last value."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             return predicate()
-        time.sleep(0.02)
+        time.sleep(interval)
     return True
 
 

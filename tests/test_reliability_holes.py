@@ -376,14 +376,13 @@ def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ah
     batches = []
     options = dict(num_steps=T, device="cpu", prefetch=prefetch, timeout=TIMEOUT, **placement, **extra)
     with Collector(envs, CountingPolicy(), **options) as collector:
+        iter(collector)  # starts collecting ahead
         k = 0
         while True:
             k += 1
             assert k < MAX_POINTS, "next() never got through without an interrupt"
             if prefetch:  # the batch is ready when next() starts, so that each k lands at the same point
-                deadline = time.monotonic() + TIMEOUT
-                while collected() < len(batches) + prefetch and time.monotonic() < deadline:
-                    time.sleep(0.001)
+                assert wait_until(lambda: collected() >= len(batches) + prefetch, TIMEOUT, interval=0.001)
                 time.sleep(0.003)  # its last steps are done: the batch is being sent
             batch, points = next_with_ctrl_c_at(collector, k)
             # As a trainer would after Ctrl-C: carry on. The next k then starts from the same state again.
