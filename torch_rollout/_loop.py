@@ -67,7 +67,7 @@ class PolicyCall:
 Forward = Callable[[PolicyCall], "tuple[Any, int]"]
 
 
-def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs") -> Any:
+def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs", *, owned: bool = False) -> Any:
     """Makes ``call`` on ``policy`` in eval mode, and puts back the modes its modules had.
 
     The forward is ``policy(obs)``, or ``policy(obs, state, is_init)`` in
@@ -75,12 +75,16 @@ def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs") -> An
     arguments when it exists. A TensorDictModule gets one TensorDict with
     ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
     state's entries at their own keys), as TorchRL's recurrent modules read it.
+    ``owned`` marks the collector's own acting copy, which is in eval mode from
+    its creation on: its modes are then neither read nor switched.
     """
     # Acting is inference whatever the trainer's module is doing: no dropout, no BatchNorm statistics
     # updated, in every placement (the thread with prefetch=0 acts with the trainer's module itself).
     # The flags are set as nn.Module.train sets them, but without nn.Module.__setattr__, which made the switch
     # and back 4x to 7x dearer (the example's Agent, 2-core machine: 67 us against 18 us at a load of 4).
-    training = [module for module in policy.modules() if module.training]
+    # Walking the modules costs ~10 us a call even when none is training, so a copy nobody else
+    # touches is left as it is.
+    training = [] if owned else [module for module in policy.modules() if module.training]
     for module in training:
         object.__setattr__(module, "training", False)
     try:
@@ -244,11 +248,15 @@ class RolloutLoop:
         mask.fill(True)
         final_values: list[tuple[int, np.ndarray, Tensor]] = []  # (t, envs, V(final obs))
         self.batches += 1
+        # The rows of each [T, ...] tensor as views made once per batch: indexing a tensor costs more
+        # than the copy of a row (the loop's own work per step is what limits it on fast envs).
+        obs_rows = _rows(obs_buffer.tensor)
+        output_rows = None if outputs is None else {key: _rows(value) for key, value in outputs.items()}
 
         for t in range(T):
             if self.stop():
                 raise Stopped
-            obs_t = self._obs_to_device(obs_buffer, t)
+            obs_t = self._obs_to_device(obs_buffer, obs_rows, t)
             if self.initial_state is None:
                 raw, version = self._forward(PolicyCall(obs_t))
             else:
@@ -261,8 +269,13 @@ class RolloutLoop:
             out_t = self._check_outputs(raw, N)
             if outputs is None:
                 outputs = {key: _empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
+                output_rows = {key: _rows(value) for key, value in outputs.items()}
             for key, value in out_t.items():
-                outputs[key][t] = value
+                rows = output_rows[key]
+                if rows is None:
+                    outputs[key][t] = value
+                else:
+                    rows[t].copy_(value)
             versions[t] = version
 
             if self.check_finite:
@@ -326,10 +339,11 @@ class RolloutLoop:
             self._write_next_value(out, final_values)
         return out
 
-    def _obs_to_device(self, obs_buffer: ObsBuffer, t: int) -> Obs:
+    def _obs_to_device(self, obs_buffer: ObsBuffer, obs_rows: list[Tensor] | None, t: int) -> Obs:
         if self.on_host:
             obs_buffer.write(t, self.obs)
-            return obs_buffer.tensor[t].to(self.device)  # a view on the CPU, an upload to CUDA
+            row = obs_buffer.tensor[t] if obs_rows is None else obs_rows[t]
+            return row if self.device.type == "cpu" else row.to(self.device)  # a view, or an upload to CUDA
         self.staging.write(slice(None), self.obs)
         obs_t = self.staging.tensor.to(self.device, non_blocking=True)
         obs_buffer.tensor[t] = obs_t
@@ -573,6 +587,11 @@ class RolloutLoop:
 
 def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
     return key if isinstance(key, tuple) else (key,)
+
+
+def _rows(value: Tensor | TensorDictBase) -> list[Tensor] | None:
+    """The rows ``value[t]`` of a tensor as views; None for a TensorDict, which is indexed instead."""
+    return list(value.unbind(0)) if isinstance(value, Tensor) else None
 
 
 def _empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:

@@ -450,7 +450,7 @@ class _WorkerForward:
                     for dst, src in zip(self.runner.state_dict().values(), self.shared.state_dict().values()):
                         dst.copy_(src)
                 self.seen = version
-            return call_policy(self.runner, call, self.obs_key), version
+            return call_policy(self.runner, call, self.obs_key, owned=True), version
 
 
 def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:

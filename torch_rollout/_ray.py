@@ -472,7 +472,7 @@ class _RayWorker:
         return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
-        return call_policy(self.runner, call, self.loop.obs_key), self.version
+        return call_policy(self.runner, call, self.loop.obs_key, owned=True), self.version
 
     def reseed(self, seed: int | None) -> None:
         self.loop.reseed(seed)

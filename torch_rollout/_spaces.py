@@ -284,7 +284,7 @@ class ActionConverter:
         self.scalar_count = self.discrete and np.ndim(self.count) == 0
 
     def __call__(self, action: Tensor) -> np.ndarray:
-        if tuple(action.shape) != self.shape:
+        if action.shape != self.shape:
             raise ValueError(
                 f"Collector: policy output 'action' has shape {tuple(action.shape)}, expected {self.shape} "
                 f"(num_envs, *action_space.shape) for {self.space!r}"
@@ -294,7 +294,8 @@ class ActionConverter:
                 f"Collector: policy output 'action' has dtype {action.dtype}, expected an integer dtype "
                 f"for {self.space!r}"
             )
-        array = action.detach().cpu().numpy()
+        cpu = action.device.type == "cpu" and not action.requires_grad
+        array = action.numpy() if cpu else action.detach().cpu().numpy()
         if self.discrete:
             self._check_range(array)
             return array.astype(self.dtype, copy=False)

@@ -46,9 +46,12 @@ class ThreadPlacement:
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
 
-    def __init__(self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, **loop_kwargs: Any):
+    def __init__(
+        self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, owns_runner: bool, **loop_kwargs: Any
+    ):
         self.envs = envs
         self.runner = runner
+        self.owned = owns_runner  # the collector's acting copy, not the trainer's module (see call_policy)
         self.owns_envs = owns_envs
         self.lock = threading.Lock()
         self.version = 0
@@ -72,7 +75,7 @@ class ThreadPlacement:
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, call, self.loop.obs_key), self.version
+            return call_policy(self.runner, call, self.loop.obs_key, owned=self.owned), self.version
 
     def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""

@@ -435,7 +435,7 @@ class Collector:
                     runner = _inference_copy(policy, self.device, backend, prefetch)
                 mode = autoreset_mode(built)
                 self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
-                    built, runner, owns_envs=self._owns_envs, device=self.device,
+                    built, runner, owns_envs=self._owns_envs, owns_runner=runner is not policy, device=self.device,
                     seed=seed, autoreset_mode=mode, **loop_kwargs,
                 )  # fmt: skip
             except BaseException:
