@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,19 +45,48 @@ def loop_class(envs: VectorEnv) -> type[RolloutLoop]:
 
 
 class _Rows:
-    """The ``[T, N]`` rows of one batch while its envs fill them, each at its own pace."""
+    """The ``[T, N]`` rows of one batch while its envs fill them, each at its own pace.
+
+    Rows are addressed flat, ``t * N + j``: one fancy-indexed write per key and recv().
+    """
 
     obs: ObsBuffer  # on the host; uploaded when the batch is complete
-    host: dict[str, np.ndarray]
+    host: dict[str, np.ndarray]  # [T * N] views of the [T, N] host rows
     outputs: dict[str, Tensor | TensorDictBase] | None = None
+    views: dict[str, np.ndarray | None]  # [T * N, ...] NumPy views of outputs on the host; None: written by torch
     states: TensorDictBase | None = None
     info: dict[tuple, np.ndarray] | None = None
     filled: int = 0  # rows whose step has come back
 
     def __init__(self, loop: AsyncRolloutLoop) -> None:
         T, N = loop.num_steps, loop.num_envs
+        self.num_envs = N
         self.obs = ObsBuffer(loop.obs_space, (T, N))
-        self.host = {key: np.empty((T, N), dtype=dtype) for key, dtype in loop.host_keys.items()}
+        arrays = self.obs.arrays
+        self.flat_obs = arrays.reshape(T * N, *arrays.shape[2:]) if isinstance(arrays, np.ndarray) else None
+        self.rows = {key: np.empty((T, N), dtype=dtype) for key, dtype in loop.host_keys.items()}
+        self.host = {key: array.reshape(-1) for key, array in self.rows.items()}
+
+    def write_obs(self, flat: np.ndarray, obs: Any) -> None:
+        if self.flat_obs is not None:
+            self.flat_obs[flat] = obs
+        else:  # a Dict space: nested arrays
+            self.obs.write((flat // self.num_envs, flat % self.num_envs), obs)
+
+    def write_outputs(self, flat: np.ndarray, outputs: dict[str, Any], sel: np.ndarray | None) -> None:
+        index = None
+        for key, value in outputs.items():
+            view = self.views[key]
+            if view is not None:
+                view[flat] = value.numpy() if sel is None else value.numpy()[sel]
+                continue
+            storage = self.outputs[key]
+            if index is None:
+                rows = torch.from_numpy(flat).to(storage.device)
+                index = (rows // self.num_envs, rows % self.num_envs)
+            if sel is not None:
+                value = value[torch.from_numpy(sel).to(value.device)]
+            storage[index] = value.to(storage.device)
 
 
 class AsyncRolloutLoop(RolloutLoop):
@@ -236,33 +264,38 @@ class AsyncRolloutLoop(RolloutLoop):
 
         ended = self.pending[ids]  # these envs' results end the rows they acted on last
         self.pending[ids] = True
-        self.acted[ids] += 1
+        self.acted[ids] = rows + 1
         if ended.any():
             self._finish_rows(ids, rows - 1, ended, reward, terminated, truncated, info)
-        for rows_b, where, t in self._buffers_of(rows, allocate=True):
-            j = ids[where]
-            rows_b.obs.write((t, j), _select(obs, where))
-            if rows_b.outputs is None:
-                rows_b.outputs = {
-                    key: _empty_rows(_widen(value, self.num_envs), self.num_steps, self.storage_device)
-                    for key, value in out_t.items()
-                }
-            t_index = torch.from_numpy(t).to(self.storage_device)
-            j_index = torch.from_numpy(j).to(self.storage_device)
-            mask = None if where.all() else torch.from_numpy(where).to(self.device)
-            for key, value in out_t.items():
-                rows_b.outputs[key][t_index, j_index] = (value if mask is None else value[mask]).to(self.storage_device)
-            rows_b.host["policy_version"][t, j] = version
+        if self.storage_device.type == "cpu":
+            out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
+        for buffer, sel, flat in self._locate(ids, rows, allocate=True):
+            buffer.write_obs(flat, _select(obs, sel))
+            if buffer.outputs is None:
+                self._allocate_outputs(buffer, out_t)
+            buffer.write_outputs(flat, out_t, sel)
+            buffer.host["policy_version"][flat] = version
             if state is not None:
-                if rows_b.states is None:
-                    rows_b.states = _empty_rows(self.state, self.num_steps, self.storage_device)
-                rows_b.states[t_index, j_index] = (state if mask is None else state[mask]).to(self.storage_device)
-                rows_b.host["is_init"][t, j] = is_init[where]
+                if buffer.states is None:
+                    buffer.states = _empty_rows(self.state, self.num_steps, self.storage_device)
+                rows_t = torch.from_numpy(flat).to(self.storage_device)
+                where = (rows_t // self.num_envs, rows_t % self.num_envs)
+                buffer.states[where] = (state if sel is None else state[torch.from_numpy(sel)]).to(self.storage_device)
+                buffer.host["is_init"][flat] = is_init if sel is None else is_init[sel]
         if next_state is not None:
             # The state of each env's next row; a row after its reset row starts from the initial state.
             starts = self.prev_done[ids]
             self.state[index] = self._reset_state(next_state, starts, initial=self.initial_state[index])
             self.is_init[ids] = starts
+
+    def _allocate_outputs(self, buffer: _Rows, out_t: dict[str, Any]) -> None:
+        T, N = self.num_steps, self.num_envs
+        buffer.outputs = {key: _empty_rows(_widen(value, N), T, self.storage_device) for key, value in out_t.items()}
+        buffer.views = {
+            key: value.numpy().reshape(T * N, *value.shape[2:])
+            if isinstance(value, Tensor) and value.device.type == "cpu" else None
+            for key, value in buffer.outputs.items()
+        }  # fmt: skip
 
     def _finish_rows(
         self, ids: np.ndarray, rows: np.ndarray, ended: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
@@ -277,58 +310,67 @@ class AsyncRolloutLoop(RolloutLoop):
                 self.infos.learn(self.reset_infos, info)
             info_rows = self.infos.empty_rows(1)
             self.infos.record(info_rows, 0, info, done, real)
-        sel = ids[ended]
-        real, done = real[ended], done[ended]
-        self.prev_done[sel] = done
-        self.ep_length[sel] += real
-        self.ep_return[sel] += reward[ended]
-        for rows_b, where, t in self._buffers_of(rows[ended]):
-            j = sel[where]
-            host = rows_b.host
-            host["reward"][t, j] = reward[ended][where]
-            host["terminated"][t, j] = terminated[ended][where]
-            host["truncated"][t, j] = truncated[ended][where]
-            host["mask"][t, j] = real[where]
-            host["episode_return"][t, j] = self.ep_return[j]
-            host["episode_length"][t, j] = self.ep_length[j]
+        if not ended.all():
+            ids, rows, real, done = ids[ended], rows[ended], real[ended], done[ended]
+            reward, terminated, truncated = reward[ended], terminated[ended], truncated[ended]
             if info_rows is not None:
-                if rows_b.info is None:
-                    rows_b.info = {
-                        path: np.empty((self.num_steps, self.num_envs, *shape), dtype=dtype)
+                info_rows = {path: array[0][ended] for path, array in info_rows.items()}
+        elif info_rows is not None:
+            info_rows = {path: array[0] for path, array in info_rows.items()}
+        self.prev_done[ids] = done
+        ep_length = self.ep_length[ids] + real
+        ep_return = self.ep_return[ids] + reward
+        self.ep_length[ids] = np.where(done, 0, ep_length)
+        self.ep_return[ids] = np.where(done, 0.0, ep_return)
+        for buffer, sel, flat in self._locate(ids, rows):
+            pick = (lambda array: array) if sel is None else (lambda array: array[sel])
+            host = buffer.host
+            host["reward"][flat] = pick(reward)
+            host["terminated"][flat] = pick(terminated)
+            host["truncated"][flat] = pick(truncated)
+            host["mask"][flat] = pick(real)
+            host["episode_return"][flat] = pick(ep_return)
+            host["episode_length"][flat] = pick(ep_length)
+            if info_rows is not None:
+                if buffer.info is None:
+                    buffer.info = {
+                        path: np.empty((self.num_steps * self.num_envs, *shape), dtype=dtype)
                         for path, shape, dtype in self.infos.leaves
                     }
                 for path, array in info_rows.items():
-                    rows_b.info[path][t, j] = array[0][ended][where]
-            rows_b.filled += len(j)
-        finished = sel[done]
-        self.ep_return[finished] = 0.0
-        self.ep_length[finished] = 0
+                    buffer.info[path][flat] = pick(array)
+            buffer.filled += len(flat)
 
-    def _buffers_of(
-        self, rows: np.ndarray, *, allocate: bool = False
-    ) -> Iterator[tuple[_Rows, np.ndarray, np.ndarray]]:
-        """``(buffer, which of rows, row index in it)`` for the batches that the env rows ``rows`` fall in."""
-        T = self.num_steps
-        batch = (rows - self.first_row) // T
-        first, last = int(batch.min()), int(batch.max())
+    def _locate(
+        self, ids: np.ndarray, rows: np.ndarray, *, allocate: bool = False
+    ) -> list[tuple[_Rows, np.ndarray | None, np.ndarray]]:
+        """``(buffer, which of ids or None for all, flat index t * N + j)`` of env ``ids[i]``'s row ``rows[i]``.
+
+        Rows are counted per env since the reset; ``buffers[0]`` starts at row ``first_row``.
+        """
+        T, N = self.num_steps, self.num_envs
+        offset = rows - self.first_row  # >= 0: every env is past the batches delivered
+        last = int(offset.max()) // T
         while allocate and len(self.buffers) <= last:
             self.buffers.append(_Rows(self))
-        if first == last:
-            yield self.buffers[first], np.ones(len(rows), dtype=bool), rows - self.first_row - first * T
-            return
-        for b in range(first, last + 1):
-            where = batch == b
-            if where.any():
-                yield self.buffers[b], where, rows[where] - self.first_row - b * T
+        if int(offset.min()) // T == last:
+            return [(self.buffers[last], None, (offset - last * T) * N + ids)]
+        batch = offset // T
+        found = []
+        for b in np.unique(batch).tolist():
+            sel = np.flatnonzero(batch == b)
+            found.append((self.buffers[b], sel, (offset[sel] - b * T) * N + ids[sel]))
+        return found
 
     def _assemble(self, rows: _Rows, after: _Rows) -> TensorDict:
         """The batch of the complete ``rows``; ``after`` holds the next batch's row 0, the bootstrap."""
         T, N, device = self.num_steps, self.num_envs, self.storage_device
         batch: dict[str, Any] = {self.obs_key: rows.obs.tensor.to(device), **rows.outputs}
-        for key, array in rows.host.items():
+        for key, array in rows.rows.items():
             batch[key] = torch.from_numpy(array).to(device)
         if rows.info is not None:
-            batch["info"] = self.infos.tensordict(rows.info, [T, N], device)
+            info = {path: array.reshape(T, N, *array.shape[1:]) for path, array in rows.info.items()}
+            batch["info"] = self.infos.tensordict(info, [T, N], device)
         if self.has_value:
             value = rows.outputs[self.value_key]
             next_value = torch.empty_like(value)
@@ -349,10 +391,10 @@ def _widen(value: Tensor | TensorDictBase, n: int) -> Tensor | TensorDictBase:
     return value[:1].expand(n)
 
 
-def _select(obs: Any, where: np.ndarray) -> Any:
-    """The rows ``where`` of a batch of env observations (array or dict of arrays); all of them as they are."""
-    if where.all():
+def _select(obs: Any, sel: np.ndarray | None) -> Any:
+    """The rows ``sel`` of a batch of env observations (array or dict of arrays); all of them where None."""
+    if sel is None:
         return obs
     if isinstance(obs, dict):
-        return {key: _select(value, where) for key, value in obs.items()}
-    return np.asarray(obs)[where]
+        return {key: _select(value, sel) for key, value in obs.items()}
+    return np.asarray(obs)[sel]
