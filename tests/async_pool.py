@@ -24,8 +24,8 @@ class AsyncCountingPool(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
     is_async = True
 
-    def __init__(self, num_envs: int, batch_size: int, *, lag: int = 0, seed: int = 0) -> None:
-        self.envs = [CountingEnv(j) for j in range(num_envs)]
+    def __init__(self, num_envs: int, batch_size: int, *, lag: int = 0, seed: int = 0, start_index: int = 0) -> None:
+        self.envs = [CountingEnv(start_index + j) for j in range(num_envs)]
         self.num_envs = num_envs
         self.config = {"num_envs": num_envs, "batch_size": batch_size, "seed": seed, "max_num_players": 1}
         self.single_observation_space = self.envs[0].observation_space
@@ -75,3 +75,8 @@ class AsyncCountingPool(VectorEnv):
 
     def close(self, **kwargs) -> None:
         self.closed = True
+
+
+def make_async_counting_pool(num_envs: int, start_index: int = 0, *, batch_size: int, lag: int = 0) -> AsyncCountingPool:
+    """A recipe for worker processes (with ``functools.partial``): envs ``start_index ..``, ``batch_size`` per recv()."""
+    return AsyncCountingPool(num_envs, batch_size, lag=lag, start_index=start_index)

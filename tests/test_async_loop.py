@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
-from async_pool import AsyncCountingPool
+from async_pool import AsyncCountingPool, make_async_counting_pool
 from counting_env import CountingEnv, CountingPolicy, value_fn
 from recurrent_policies import StepCountingPolicy, steps_state
 from torch_rollout import Collector
@@ -143,6 +144,26 @@ def test_wrapped_async_pool_and_seed_are_refused_or_named():
     with pytest.warns(UserWarning, match=re.escape(message)):
         Collector(pool, CountingPolicy(), num_steps=2, device="cpu", backend="thread", seed=5).close()
     collect(pool, CountingPolicy(), num_batches=1, num_steps=2, seed=3)  # the pool's own seed: no warning
+
+
+def test_async_pools_in_worker_processes_give_exact_rows():
+    # A worker process building a pool of 6 envs with batch_size 2 (env 0 slow); batches in shared-memory slots.
+    recipe = partial(make_async_counting_pool, batch_size=2, lag=3)
+    with Collector(
+        recipe, CountingPolicy(deterministic=True), num_envs=6, num_steps=4, total_timesteps=6 * 4 * 3,
+        backend="process", num_workers=1, device="cpu",
+    ) as collector:  # fmt: skip
+        batches = list(collector)
+    rows = torch.cat(batches)  # [3 * T, 6], each env's rows in order
+    obs, real = rows["obs"], rows["mask"]
+    assert torch.equal(obs[..., 0], torch.arange(6.0).expand(len(rows), 6))  # column j holds env j
+    step = obs[..., 2]
+    assert torch.equal(step[1:], torch.where(real[:-1], step[:-1] + 1, 0.0))
+    assert torch.equal(rows["reward"][real], 10 * step[real] + rows["action"][real])
+    nxt = obs.clone()
+    nxt[..., 2] += 1
+    nxt[..., 3] = rows["action"].float()
+    torch.testing.assert_close(rows["next_value"][real], value_fn(nxt[real]).float(), atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------- EnvPool itself
