@@ -8,8 +8,10 @@ stepping alone in sync mode with ``num_threads=1`` (pre-drawn actions), the
 policy's forward alone on recorded observations, and their serial sum (env then
 policy, one after the other: ``1 / (1 / env + 1 / policy)``), which a sync loop
 cannot beat; async mode overlaps the two, so its ceiling is the slower one
-alone. A hand-written async loop (``recv``, forward, ``send``, no
-bookkeeping) shows what the overlap gives without the collector's work.
+alone. EnvPool's default ``num_threads=0`` (a thread per core) also steps envs
+on several cores at once: its rows and its env-alone row are given too. A
+hand-written async loop (``recv``, forward, ``send``, no bookkeeping) shows
+what the overlap gives without the collector's work.
 Systems run interleaved (A B C A B C ...), each built afresh per repeat; the
 table gives medians, spreads and ratios to the serial floor.
 
@@ -167,8 +169,10 @@ class Collecting:
 def systems(prefetch: int) -> dict[str, Callable[[], Any]]:
     factories: dict[str, Callable[[], Any]] = {
         "env alone (sync, num_threads=1)": lambda: EnvAlone(1),
+        "ref: env alone (sync, num_threads=0)": lambda: EnvAlone(0),
         "policy forward alone": PolicyAlone,
         f"collector, sync (num_threads=1), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 1, prefetch),
+        f"collector, sync (num_threads=0), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 0, prefetch),
     }
     for fraction, threads in ASYNC:
         batch_size = round(NUM_ENVS * fraction)
@@ -181,6 +185,7 @@ def systems(prefetch: int) -> dict[str, Callable[[], Any]]:
 
 
 def main() -> None:
+    global ENV_ID, NUM_ENVS, NUM_STEPS  # the systems read them
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default=ENV_ID, help="an EnvPool task id")
     parser.add_argument("--num-envs", type=int, default=NUM_ENVS)
@@ -189,7 +194,6 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="timed batches of T * N steps per repeat")
     parser.add_argument("--prefetch", type=int, default=0)
     args = parser.parse_args()
-    global ENV_ID, NUM_ENVS, NUM_STEPS
     ENV_ID, NUM_ENVS, NUM_STEPS = args.env, args.num_envs, args.num_steps
     quiet_warnings()
     torch.set_num_threads(1)

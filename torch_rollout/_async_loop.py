@@ -107,11 +107,13 @@ class AsyncRolloutLoop(RolloutLoop):
     could leave too few stepping to fill it. The forward on such an env's next
     observation is its row 0 of the next batch, carried over, and its value is
     this batch's bootstrap ``next_value`` of row ``T - 1``; an env that comes
-    back again before the batch is complete fills its next rows too. The carry
-    is as large as the spread of the envs' progress (EnvPool steps envs in the
-    order they were sent, so about a step with envs of equal speed), at most
-    that many rows of the next batches, whose rows acted before a weight refresh
-    keep the version that acted. In recurrent mode each env's state goes with it.
+    back again before the batch is complete fills its next rows too. So the
+    carry is bounded by the spread of the envs' progress, not by a constant:
+    EnvPool steps envs in the order they were sent, which keeps envs of equal
+    speed within a step or two of each other, while an env much slower than
+    the others lets them run batches ahead (their rows wait in later batches'
+    storage). Rows acted before a weight refresh keep the version that acted.
+    In recurrent mode each env's state goes with it.
 
     Args:
         envs: an EnvPool in async mode (see :func:`is_async_pool`).
@@ -152,7 +154,7 @@ class AsyncRolloutLoop(RolloutLoop):
                 f"Collector: seed={seed} cannot reach an EnvPool, whose envs were seeded when it was made "
                 f"(with seed={made}); make the pool with seed={seed}, or pass seed={made} or None",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,  # the Collector's caller (through the placement and this loop)
             )
 
     def reset(self) -> None:
