@@ -206,8 +206,10 @@ def main() -> None:
     print(f"\nEnvPool {ENV_ID}, N={NUM_ENVS}, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, "
           f"{args.repeats} interleaved repeats of {args.batches} batches; 1-min load {load:.2f} at the start, "
           f"{os.getloadavg()[0]:.2f} at the end")  # fmt: skip
-    print(f"serial floor (env + policy, one after the other): {fmt_rate(serial)} frames/s; "
-          f"overlap ceiling (the slower alone): {fmt_rate(ceiling)} frames/s = {ceiling / serial:.2f}x the floor\n")  # fmt: skip
+    print(
+        f"serial floor (env + policy, one after the other): {fmt_rate(serial)} frames/s; overlap ceiling "
+        f"(the slower alone): {fmt_rate(ceiling)} frames/s = {ceiling / serial:.2f}x the floor\n"
+    )
     print(f"| {'system':<66} | frames/s (median) | min - max | x serial floor |")
     print(f"|{'-' * 68}|-------------------|-----------|----------------|")
     for name, values in rates.items():

@@ -77,6 +77,8 @@ class AsyncCountingPool(VectorEnv):
         self.closed = True
 
 
-def make_async_counting_pool(num_envs: int, start_index: int = 0, *, batch_size: int, lag: int = 0) -> AsyncCountingPool:
-    """A recipe for worker processes (with ``functools.partial``): envs ``start_index ..``, ``batch_size`` per recv()."""
+def make_async_counting_pool(
+    num_envs: int, start_index: int = 0, *, batch_size: int, lag: int = 0
+) -> AsyncCountingPool:
+    """A recipe for worker processes (with ``functools.partial``): envs ``start_index ..``, ``batch_size`` per recv."""
     return AsyncCountingPool(num_envs, batch_size, lag=lag, start_index=start_index)

@@ -252,7 +252,8 @@ class AsyncRolloutLoop(RolloutLoop):
         out_t = self._check_outputs(raw, len(ids))
         if out_t.keys() != set(self.output_keys):
             raise ValueError(
-                f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(out_t)} between steps"
+                f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(out_t)} "
+                "between steps"
             )
         if self.check_finite:
             found = first_non_finite(out_t["action"].detach().cpu().numpy())
