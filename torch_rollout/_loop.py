@@ -471,18 +471,21 @@ class RolloutLoop:
                     f"{self._state_names()}, got {type(next_state).__name__} ({exc})"
                 ) from None
         keys = set(next_state.keys(include_nested=True, leaves_only=True))
+        want = {str(key): (n, *self.initial_state.get(key).shape[1:]) for key in self.state_keys}
         if keys != set(self.state_keys) or any(
-            next_state.get(key).shape != self.initial_state.get(key).shape for key in self.state_keys
+            tuple(next_state.get(key).shape) != want[str(key)] for key in self.state_keys
         ):
             got = {str(key): tuple(next_state.get(key).shape) for key in sorted(keys, key=str)}
-            want = {str(key): tuple(self.initial_state.get(key).shape) for key in self.state_keys}
             raise ValueError(
                 f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)"
             )
         return raw, next_state
 
-    def _reset_state(self, next_state: TensorDictBase, starts: np.ndarray) -> TensorDictBase:
-        """The state of the next step: ``next_state``, with the initial state for envs that start an episode."""
+    def _reset_state(
+        self, next_state: TensorDictBase, starts: np.ndarray, initial: TensorDictBase | None = None
+    ) -> TensorDictBase:
+        """The state of the next step: ``next_state``, with the initial state (rows of ``initial``, by default
+        all envs') for envs that start an episode."""
         if not starts.any():
             return next_state
         rows = torch.from_numpy(starts).to(self.device)
@@ -490,7 +493,7 @@ class RolloutLoop:
         def reset(initial: Tensor, carried: Tensor) -> Tensor:
             return torch.where(rows.view(-1, *(1,) * (carried.dim() - 1)), initial, carried)
 
-        return self.initial_state.apply(reset, next_state)
+        return (self.initial_state if initial is None else initial).apply(reset, next_state)
 
     def _state_names(self) -> list[str]:
         return [str(key) for key in self.state_keys]

@@ -30,8 +30,9 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._async_loop import loop_class
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, Stopped, call_policy
 
 __all__ = ["ProcessPlacement"]
 
@@ -378,7 +379,7 @@ def _worker_main(
         with torch.no_grad():
             envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
             forward = _WorkerForward(policy, lock, ctrl, device, loop_kwargs.get("obs_key", "obs"))
-            loop = RolloutLoop(
+            loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
                 envs, forward, device=device, storage_device=torch.device("cpu"), seed=seed,
                 autoreset_mode=autoreset_mode(envs), stop=lambda: bool(ctrl[_STOP]), env_offset=start_index,
                 **loop_kwargs,

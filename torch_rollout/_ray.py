@@ -29,8 +29,9 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._async_loop import loop_class
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, Stopped, call_policy
 from torch_rollout._process import _sigint_deferred
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
@@ -461,7 +462,7 @@ class _RayWorker:
             self.version = 0
             with torch.no_grad():
                 self.envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
-                self.loop = RolloutLoop(
+                self.loop = loop_class(self.envs)(  # an EnvPool in async mode gets its own loop
                     self.envs, self.forward, device=device, storage_device=torch.device("cpu"), seed=seed,
                     autoreset_mode=autoreset_mode(self.envs), stop=self.is_canceled, env_offset=start_index,
                     **loop_kwargs,

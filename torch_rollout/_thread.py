@@ -15,6 +15,7 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._async_loop import loop_class
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
@@ -57,7 +58,8 @@ class ThreadPlacement:
         self.version = 0
         self.requested = 0
         self.stop = threading.Event()
-        self.loop = RolloutLoop(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
+        # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
+        self.loop: RolloutLoop = loop_class(envs)(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()
