@@ -129,6 +129,23 @@ def test_env_j_starts_as_envpool_seeds_it_with_seed_plus_j(envpool):
         assert torch.equal(first[j], torch.from_numpy(obs[0])), j
 
 
+def test_a_termination_at_the_time_limit_is_reported_truncated_only(thread_batches):
+    """Where EnvPool is not exact (README, EnvPool): documented, and noticed here if EnvPool changes it."""
+    terminated = thread_batches["terminated"]
+    t, env = (int(i) for i in terminated.nonzero()[0])
+    ends_at = int(thread_batches["episode_length"][t, env])
+    # The same seed and policy with the time limit at that step: the same episode, ended by both.
+    with Collector(
+        envpool_envs("CartPole-v1", max_episode_steps=ends_at), Recentre(), num_envs=N, num_steps=t + 2,
+        total_timesteps=(t + 2) * N, seed=SEED, device="cpu", backend="thread",
+    ) as collector:  # fmt: skip
+        batch = next(iter(collector))
+    assert torch.equal(batch["obs"][: t + 2, env], thread_batches["obs"][: t + 2, env])
+    assert batch["truncated"][t, env] and not batch["terminated"][t, env]
+    final = batch["obs"][t + 1, env]
+    assert final[0].abs() > X_LIMIT or final[2].abs() > THETA_LIMIT, "the pole fell at that step"
+
+
 def test_a_resumed_collector_reseeds_the_pools(envpool):
     # The pools of worker processes are reseeded by the same EnvPoolVectorEnv.reset(seed=...), through the
     # placements' reseed that tests/test_resume.py checks with gymnasium envs; a worker starts in seconds
