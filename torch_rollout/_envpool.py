@@ -69,12 +69,16 @@ class EnvPoolRecipe:
     def __init__(self, task_id: str, **kwargs: Any) -> None:
         envpool = _import_envpool()
         if not isinstance(task_id, str):
-            raise TypeError(f"envpool_envs: task_id must be an EnvPool task id str, got {type(task_id).__name__} {task_id!r}")
+            raise TypeError(
+                f"envpool_envs: task_id must be an EnvPool task id str, got {type(task_id).__name__} {task_id!r}"
+            )
         _check_owned(kwargs, "envpool_envs")
         known = envpool.list_all_envs()
         if task_id not in known:
             close = difflib.get_close_matches(task_id, known, n=3)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else " (envpool.list_all_envs() lists them)"
+            hint = " (envpool.list_all_envs() lists them)"
+            if close:
+                hint = f"; did you mean {' or '.join(map(repr, close))}?"
             raise ValueError(f"envpool_envs: EnvPool has no task {task_id!r}{hint}")
         if "batch_size" in kwargs:
             # Async mode (batch_size < num_envs) is refused when num_envs is known, at the build.
@@ -98,7 +102,7 @@ class EnvPoolRecipe:
 
 
 class EnvPoolVectorEnv(VectorEnv):
-    """A gymnasium vector env over one EnvPool pool in sync mode, whose ``reset(seed=s)`` seeds env ``i`` with ``s + i``.
+    """A gymnasium vector env over one EnvPool pool in sync mode whose ``reset(seed=s)`` seeds env ``i`` ``s + i``.
 
     EnvPool fixes each env's random generator when the pool is built and
     ignores ``reset(seed=...)``; this vector env builds its pool at the first
@@ -127,7 +131,7 @@ class EnvPoolVectorEnv(VectorEnv):
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
     task_id: str
-    pool: Any
+    pool: Any = None  # EnvPool's pool, once the first reset built it
     seed: int | None
     env_offset: int
 
