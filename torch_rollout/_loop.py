@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
+from torch_rollout._envpool import check_envpool
 from torch_rollout._infos import InfoRecorder
 from torch_rollout._spaces import (
     ActionConverter,
@@ -174,6 +175,7 @@ class RolloutLoop:
         self.infos = None if info_keys is None else InfoRecorder(
             info_keys, num_envs=envs.num_envs, autoreset_mode=autoreset_mode, env_offset=env_offset
         )  # fmt: skip
+        check_envpool(envs, seed)  # a pool that would ignore the seed, or in async mode, is refused
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)

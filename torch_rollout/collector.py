@@ -224,7 +224,8 @@ class Collector:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
             an env id for :func:`gymnasium.make_vec`, or a function
             ``make_envs(num_envs)`` (or ``make_envs(num_envs, start_index=...)``)
-            returning a vector env; with an id or a function ``num_envs`` is required.
+            returning a vector env, such as ``torch_rollout.envpool_envs(task_id)``
+            for EnvPool; with an id or a function ``num_envs`` is required.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
             ``"action"`` (``[num_envs, *action_shape]``) and optionally ``"value"``
             (``[num_envs]`` or ``[num_envs, 1]``, stored as ``[T, N]``; TorchRL's
