@@ -42,7 +42,8 @@ def envpool_envs(task_id: str, **kwargs: Any) -> EnvPoolRecipe:
         **kwargs: options of ``envpool.make_gymnasium`` (``max_episode_steps``,
             ``num_threads``, ``episodic_life``, ...), except ``num_envs`` and
             ``seed``, which come from the collector. ``batch_size`` (EnvPool's
-            async mode) must be left out or equal ``num_envs``.
+            async mode) must be left out or equal ``num_envs``: an async pool
+            is given as ``envs`` itself (see the README).
 
     Returns:
         An :class:`EnvPoolRecipe`.
@@ -126,7 +127,7 @@ class EnvPoolVectorEnv(VectorEnv):
         **kwargs: options of ``envpool.make_gymnasium`` other than ``num_envs`` and ``seed``.
 
     Raises:
-        ValueError: for ``batch_size < num_envs`` (EnvPool's async mode, not supported yet).
+        ValueError: for ``batch_size < num_envs`` (EnvPool's async mode: give such a pool itself).
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -209,9 +210,9 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
 
     A pool built by the user (``envpool.make_gymnasium``, live or from a
     ``make_envs`` function) has its seeds fixed: ``reset(seed=...)`` would be
-    ignored, so a collector ``seed`` is refused with the fix. Async mode
-    (``batch_size < num_envs``) is not supported yet. Does nothing for other
-    vector envs (and never imports EnvPool).
+    ignored, so a collector ``seed`` is refused with the fix. A pool in async
+    mode (``batch_size < num_envs``) is driven by ``AsyncRolloutLoop``. Does
+    nothing for other vector envs (and never imports EnvPool).
     """
     if "envpool" not in sys.modules:
         return  # no EnvPool pool can exist
@@ -219,14 +220,19 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
     if isinstance(base, EnvPoolVectorEnv) or not _is_pool(base):
         return
     config = base.config
-    _check_sync(config["batch_size"], config["num_envs"], f"envs ({type(base).__name__})")
     if seed is not None:
+        if config["batch_size"] < config["num_envs"]:  # the recipe builds sync pools only
+            fix = f"make the pool with seed={seed} and pass seed=None"
+        else:
+            fix = (
+                "pass envs=torch_rollout.envpool_envs('<task id>', ...) with num_envs instead (the collector then "
+                "builds the pool and seeds env j with seed + j, in every placement), or seed=None to keep the "
+                "pool's own seeds"
+            )
         raise ValueError(
             f"Collector: envs is an EnvPool pool ({type(base).__name__} of {config['num_envs']} envs, built with "
             f"seed={config['seed']}); EnvPool fixes its seeds when the pool is built and ignores reset(seed=...), so "
-            f"seed={seed} would not reach the envs. Pass envs=torch_rollout.envpool_envs('<task id>', ...) with "
-            "num_envs instead (the collector then builds the pool and seeds env j with seed + j, in every "
-            "placement), or seed=None to keep the pool's own seeds"
+            f"seed={seed} would not reach the envs: {fix}"
         )
     _quiet_spaces(base)
 
@@ -236,11 +242,12 @@ def _is_pool(env: Any) -> bool:
 
 
 def _check_sync(batch_size: Any, num_envs: int, what: str) -> None:
-    """Refuses EnvPool's async mode, where ``step`` returns ``batch_size`` of the ``num_envs`` envs."""
+    """Refuses EnvPool's async mode in the recipe, whose pools the collector resets with seeds (sync mode only)."""
     if batch_size != num_envs:
         raise ValueError(
-            f"Collector: {what} has batch_size={batch_size} < num_envs={num_envs}, EnvPool's async mode, which the "
-            "collector does not support yet; leave batch_size out (sync mode: every step returns all num_envs envs)"
+            f"Collector: {what} has batch_size={batch_size} < num_envs={num_envs}, EnvPool's async mode, which "
+            "envpool_envs does not build; leave batch_size out (sync mode), or for async mode pass a pool you make "
+            "(envpool.make_gymnasium(..., batch_size=..., seed=...)) as envs, or return one from your own make_envs"
         )
 
 
