@@ -54,7 +54,16 @@ import torch
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
-from _common import Session, fmt_rate, machine_info, markdown_table, quiet_warnings, run_interleaved, summarize, write_json
+from _common import (
+    Session,
+    fmt_rate,
+    machine_info,
+    markdown_table,
+    quiet_warnings,
+    run_interleaved,
+    summarize,
+    write_json,
+)
 
 __all__ = ["NatureCNN", "SameStepEnvPool", "run", "to_markdown", "REFERENCE", "TASK"]
 
@@ -478,9 +487,13 @@ def to_markdown(results: dict[str, Any]) -> str:
     parts = [
         f"**{title}** (frames/s, median of {config['repeats']})\n\n",
         markdown_table(["system", "median", "range", "vs thread, prefetch=1", "vs serial floor"], rows),
-        "\n\nFrames = env steps x N, uint8 84x84x4 observations; EnvPool's reset rows (the step after an episode "
-        "end) are not counted, the floors count every step. The serial floor and the overlap ceiling are derived "
-        "per repeat from that repeat's two floors.",
+        "\n\nEvery system steps EnvPool pools of the same task and seed (uint8 84x84x4 frames; CleanRL's "
+        "`episodic_life` and `reward_clip`) with the same Nature-CNN actor-critic (CleanRL's `ppo_atari_envpool` "
+        "shape, same weights, one torch thread). Frames = env steps x N; EnvPool's reset rows (the step after an "
+        "episode end) are not counted, the floors count every step. The serial floor and the overlap ceiling are "
+        "derived per repeat from that repeat's two floors. TorchRL steps the pool through `GymWrapper` over a "
+        "SAME_STEP adapter (its `MultiThreadedEnv` needs the legacy `gym` package), and its GAE module runs the "
+        "critic over each batch's observations and next observations.",
     ]
     parts += [f"\n\n_{note}_" for note in results["notes"]]
     return "".join(parts).rstrip() + "\n"
