@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import atari
 import collect
 import gae
 import ppo
@@ -83,6 +84,8 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
         parts += ["_Quick mode: one short repeat per system; these numbers only show that everything runs._", ""]
     if "collect" in results:
         parts += [collect.to_markdown(results["collect"]), ""]
+    if "atari" in results:
+        parts += [atari.to_markdown(results["atari"]), ""]
     if "gae" in results:
         parts += [
             gae.to_markdown(results["gae"]),
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["collect", "gae", "truncation", "threads", "ppo"],
+        choices=["collect", "atari", "gae", "truncation", "threads", "ppo"],
         default=None,
         help="run only these parts",
     )
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-readme", action="store_true", help="write results/performance.md, not README.md")
     args = parser.parse_args(argv)
     quiet_warnings()
-    parts = args.only or ["collect", "gae", "truncation", "threads", "ppo"]
+    parts = args.only or ["collect", "atari", "gae", "truncation", "threads", "ppo"]
     info = machine_info()
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         part_start = time.perf_counter()
         if part == "collect":
             results[part] = collect.run(quick=args.quick, repeats=args.repeats)
+        elif part == "atari":
+            results[part] = atari.run(quick=args.quick, repeats=args.repeats)
         elif part == "gae":
             results[part] = gae.run(quick=args.quick, repeats=args.repeats)
         elif part == "truncation":
