@@ -15,9 +15,10 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._compile import acting_call
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped
 
 __all__ = ["ThreadPlacement"]
 
@@ -46,7 +47,15 @@ class ThreadPlacement:
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
 
-    def __init__(self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, **loop_kwargs: Any):
+    def __init__(
+        self,
+        envs: VectorEnv,
+        runner: nn.Module,
+        *,
+        owns_envs: bool,
+        compile_options: dict[str, Any] | None = None,
+        **loop_kwargs: Any,
+    ):
         self.envs = envs
         self.runner = runner
         self.owns_envs = owns_envs
@@ -55,6 +64,8 @@ class ThreadPlacement:
         self.requested = 0
         self.stop = threading.Event()
         self.loop = RolloutLoop(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
+        # With compile_options, torch.compile'd calls (compiled on this thread at the first call).
+        self.act = acting_call(runner, compile_options, num_envs=envs.num_envs, obs_key=self.loop.obs_key)
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()
@@ -72,7 +83,7 @@ class ThreadPlacement:
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, call, self.loop.obs_key), self.version
+            return self.act(call), self.version
 
     def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""

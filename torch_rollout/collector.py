@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
+from torch_rollout._compile import check_compile_policy
 from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
 from torch_rollout._infos import check_info_keys
 from torch_rollout._interaction import greedy_modules
@@ -339,6 +340,7 @@ class Collector:
         obs_key: str = "obs",
         ray_options: Mapping[str, Any] | None = None,
         initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
+        compile_policy: bool | Mapping[str, Any] = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -355,6 +357,7 @@ class Collector:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
         info_specs = check_info_keys(info_keys)
+        compile_options = check_compile_policy(compile_policy)
         if not isinstance(obs_key, str) or not obs_key or obs_key in _BATCH_KEYS:
             raise ValueError(
                 f"Collector: obs_key must be a str other than the batch's own keys {sorted(_BATCH_KEYS)}, got "
@@ -382,6 +385,11 @@ class Collector:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
+        if compile_options and backend in ("process", "ray"):  # e.g. a backend function, sent to the workers
+            hint = "pass the backend by its name or as a module-level function"
+            check_picklable("compile_policy", compile_options, hint) if backend == "process" else (
+                check_ray_picklable("compile_policy", compile_options)
+            )  # fmt: skip
         if ray_options is not None and (backend != "ray" or not isinstance(ray_options, Mapping)):
             raise ValueError(
                 f"Collector: ray_options must be a dict of Ray actor options, for backend='ray' only; got "
@@ -436,7 +444,7 @@ class Collector:
                 mode = autoreset_mode(built)
                 self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
                     built, runner, owns_envs=self._owns_envs, device=self.device,
-                    seed=seed, autoreset_mode=mode, **loop_kwargs,
+                    seed=seed, autoreset_mode=mode, compile_options=compile_options, **loop_kwargs,
                 )  # fmt: skip
             except BaseException:
                 if self._owns_envs:
@@ -453,7 +461,7 @@ class Collector:
             self._placement = placement(
                 envs, runner.share_memory() if backend == "process" else runner, num_envs=num_envs,
                 num_workers=num_workers, prefetch=prefetch, device=self.device, seed=seed, env_kwargs=env_kwargs,
-                startup_timeout=timeout, **extra, **loop_kwargs,
+                startup_timeout=timeout, compile_options=compile_options, **extra, **loop_kwargs,
             )  # fmt: skip
             mode = AutoresetMode(self._placement.info["autoreset_mode"])
             self.envs = None
