@@ -38,7 +38,7 @@ class TwoScalePolicy(nn.Module):
         return (0.01 * obs[:, 0] + 0.1 * obs[:, 1] + 0.5 * obs[:, 2] + 0.3 * obs[:, 3]) * self.a
 
 
-def _collect(placement: dict, compile_policy: bool) -> list:
+def _collect(placement: dict, compile_policy: bool | dict) -> list:
     """Three SAME_STEP batches of 3 CountingEnvs (bootstraps of 1 and 2 envs), updating the weights after each."""
     policy = TwoScalePolicy()
     make_envs = partial(make_counting_envs, mode=AutoresetMode.SAME_STEP)
@@ -60,14 +60,18 @@ def _collect(placement: dict, compile_policy: bool) -> list:
 @pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)
 def test_compiled_policy_gives_the_eager_batches_and_takes_every_refresh(placement):
     graphs = _torch_dynamo.utils.counters["stats"]["unique_graphs"]
-    eager, compiled = _collect(placement, False), _collect(placement, True)
+    # Inductor's C++ compile takes seconds per process: worker processes compile with AOTAutograd alone, which
+    # traces the same graphs (the weights as their inputs, the padded bootstraps) and runs them without codegen.
+    compile_policy = True if placement["backend"] == "thread" else {"backend": "aot_eager"}
+    eager, compiled = _collect(placement, False), _collect(placement, compile_policy)
     lockstep = placement["backend"] == "thread"  # prefetch=0: the rows' weight versions are fixed
     for before, after in zip(eager, compiled, strict=True):
         for key in ("obs", "action", "reward", "terminated", "truncated", "mask", "episode_return", "episode_length"):
             assert torch.equal(before[key], after[key]), key
         # The refresh reaches the compiled graphs (the weights are their inputs), never half of it.
         assert torch.equal(after["a"], after["b"]), "a row saw two weight versions"
-        assert torch.equal(after["a"], after["policy_version"].float())
+        # version 0 (rows collected ahead before the first refresh) and version 1 both hold the initial a = 1
+        assert torch.equal(after["a"], after["policy_version"].clamp(min=1).float())
         torch.testing.assert_close(after["value"] / after["a"], before["value"] / before["a"])
         if lockstep:
             for key in ("value", "next_value", "advantage", "return", "policy_version"):
