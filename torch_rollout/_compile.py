@@ -120,7 +120,7 @@ class CompiledPolicy:
 
 def _compile(function: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
     with warnings.catch_warnings():
-        # torch.compile's first use imports torch.jit modules that warn of their own deprecation: torch's, not the user's.
+        # torch.compile's first use imports torch.jit modules that warn of their own deprecation (torch's, not ours).
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
         return torch.compile(function, **options)
 

@@ -196,6 +196,24 @@ class Collector:
     trainer replaced (``load_state_dict(assign=True)``, a new submodule) are
     followed, and a change of names or shapes raises ``ValueError``.
 
+    Compiled acting (``compile_policy``): the policy's forward and its
+    ``get_value`` run through ``torch.compile`` (``True``: its defaults; a dict:
+    its keyword arguments, e.g. ``{"mode": "reduce-overhead"}`` for CUDA graphs
+    on a CUDA device), compiled by whoever acts (the thread, each worker
+    process, each Ray actor) at its first call, so the first batch carries the
+    compile time. The weights are inputs of the compiled graphs, never
+    constants: a refresh copied into the acting copy is what the next call
+    computes with, under the same lock as eager calls. On the thread with
+    ``prefetch=0`` the collector compiles a wrapper of ``policy`` and acts
+    with the trainer's own weights as they are at each step; ``policy``
+    itself, and the trainer's calls of it, stay eager. Bootstrap calls on fewer
+    envs (final observations) are padded to all of a loop's envs by repeating
+    a row, and cut back, so each function compiles once, whatever the number of
+    envs that end (rows must not depend on one another). Recurrent policies and
+    TensorDictModules compile the same way. A compile failure (no C++ compiler,
+    an unsupported op) is raised by ``next()`` as a ``RuntimeError`` naming
+    ``compile_policy`` and the fix, ``compile_policy=False``.
+
     Errors: an exception raised by the env or the policy in the background is
     re-raised by ``next()`` with its original traceback (from a worker process:
     the same exception type, with the worker's traceback text as its
@@ -274,6 +292,11 @@ class Collector:
             Mapping) of ``[num_envs, ...]`` tensors or a function
             ``initial_state(num_envs)`` returning one (see Recurrent policies);
             ``None``: the policy is called as ``policy(obs)``.
+        compile_policy: act through ``torch.compile`` (see Compiled acting):
+            ``True``, or a dict of ``torch.compile`` keyword arguments
+            (``fullgraph``, ``dynamic``, ``backend``, ``mode``, ``options``);
+            ``False`` (default): eager, which was as fast or faster on the CPU
+            (README, Performance).
 
     Raises:
         TypeError: for an unsupported space or argument type.
