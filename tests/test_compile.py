@@ -114,3 +114,35 @@ def test_bad_compile_policy_is_refused(compile_policy, error, match):
     with pytest.raises(error, match=re.escape(match)):
         Collector(make_counting_envs(2), TwoScalePolicy(), num_steps=4, device="cpu", backend="thread",
                   compile_policy=compile_policy)  # fmt: skip
+
+
+def _recurrent_policy() -> tuple[nn.Module, dict]:
+    from recurrent_policies import StepCountingValuePolicy, steps_state
+
+    return StepCountingValuePolicy(), {"initial_state": steps_state}
+
+
+def _tensordict_policy() -> tuple[nn.Module, dict]:
+    from tensordict.nn import TensorDictModule
+
+    from recurrent_policies import _Head
+
+    torch.manual_seed(0)
+    return TensorDictModule(_Head(4), in_keys=["obs"], out_keys=["action", "value"]), {}
+
+
+@pytest.mark.parametrize("make_policy", [_recurrent_policy, _tensordict_policy], ids=["recurrent", "tensordict-module"])
+def test_compiled_recurrent_and_tensordict_policies_give_the_eager_batches(make_policy):
+    # SAME_STEP: padded bootstraps carry the state of the envs that ended. AOTAutograd alone (no C++ compile).
+    batches = {}
+    for compile_policy in (False, {"backend": "aot_eager"}):
+        policy, extra = make_policy()
+        envs = make_counting_envs(3, AutoresetMode.SAME_STEP)
+        with Collector(envs, policy, num_steps=6, total_timesteps=6 * 3 * 2, device="cpu", seed=0, backend="thread",
+                       compile_policy=compile_policy, **extra) as collector:  # fmt: skip
+            batches[bool(compile_policy)] = list(collector)
+        envs.close()
+    for before, after in zip(batches[False], batches[True], strict=True):
+        assert set(before.keys(True, True)) == set(after.keys(True, True))
+        for key in before.keys(True, True):
+            torch.testing.assert_close(after[key], before[key], rtol=1e-6, atol=1e-6, msg=str(key))
