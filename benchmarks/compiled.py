@@ -16,7 +16,9 @@ warm after the first repeat, as it is for a user's second run), against an
 eager one's. Graph counts: the graphs Dynamo compiled for a thread collector
 over ``--check-batches`` batches in SAME_STEP mode, whose bootstraps value the
 final observations of 1..N envs (padded to N by the collector), so a
-recompilation per size would show.
+recompilation per size would show. CPU time per call: the forward and
+``get_value`` alone, eager and compiled, in this thread's CPU time (which other
+jobs on the machine do not inflate as they do wall-clock time).
 
 Usage::
 
@@ -109,6 +111,29 @@ def systems(num_envs: int, num_steps: int, seed: int, state: dict) -> dict[str, 
     }
 
 
+def forward_cpu_us(num_envs: int, seed: int, state: dict, *, repeats: int, calls: int = 500) -> dict[str, list[float]]:
+    """CPU time (this thread's, so other jobs' load does not count) per call of the forward and of get_value,
+    eager and compiled, interleaved: microseconds per call, one sample per repeat."""
+    eager = _policy(state, seed).eval().requires_grad_(False)
+    compiled = torch.compile(eager)
+    functions = {
+        "forward, eager": eager, "forward, compiled": compiled,
+        "get_value, eager": eager.get_value, "get_value, compiled": torch.compile(eager.get_value),
+    }  # fmt: skip
+    obs = torch.randn(num_envs, 4)
+    samples: dict[str, list[float]] = {name: [] for name in functions}
+    with torch.no_grad():
+        for function in functions.values():
+            function(obs)  # compiles
+        for _ in range(repeats):
+            for name, function in functions.items():
+                start = time.thread_time()
+                for _ in range(calls):
+                    function(obs)
+                samples[name].append((time.thread_time() - start) / calls * 1e6)
+    return samples
+
+
 def first_batch_seconds(num_envs: int, num_steps: int, seed: int, state: dict, *, compile_policy: bool) -> float:
     """Seconds from building a thread collector to its first batch; compiled: after a reset of Dynamo's caches."""
     if compile_policy:
@@ -160,11 +185,13 @@ def run(
             for kind in first:
                 first[kind].append(first_batch_seconds(n, num_steps, seed, state, compile_policy=kind == "compiled"))
         log(f"  first batch (s): {first}")
+        cpu = forward_cpu_us(n, seed, state, repeats=2 if quick else 7)
+        log(f"  CPU us per call: { {name: round(statistics.median(v), 1) for name, v in cpu.items()} }")
         graphs = graphs_compiled(n, num_steps, seed, state, batches=2 if quick else check_batches)
         log(f"  graphs compiled, SAME_STEP: {graphs}")
         results["tables"][str(n)] = {
             "num_envs": n, "timed_batches": timed, "samples": rates, "rows": summarize(rates, EAGER_THREAD),
-            "first_batch_s": first, "graphs": graphs,
+            "first_batch_s": first, "graphs": graphs, "cpu_us_per_call": cpu,
         }  # fmt: skip
     results["machine"]["load_average_1m_end"] = machine_info().get("load_average_1m")
     write_json("compiled_quick" if quick else "compiled", results)
@@ -191,7 +218,10 @@ def to_markdown(results: dict[str, Any]) -> str:
         parts.append(
             f"\n\nFirst batch of a thread collector (median): eager {first['eager']:.2f} s, compiled "
             f"{first['compiled']:.2f} s (compile time about {first['compiled'] - first['eager']:.1f} s). "
-            f"Graphs compiled over {graphs['batches']} SAME_STEP batches: {graphs['graphs']}.\n\n"
+            f"Graphs compiled over {graphs['batches']} SAME_STEP batches: {graphs['graphs']}. CPU time per call "
+            f"(median): "
+            + ", ".join(f"{name} {statistics.median(v):.0f} us" for name, v in table["cpu_us_per_call"].items())
+            + ".\n\n"
         )
     machine = results["machine"]
     parts.append(
