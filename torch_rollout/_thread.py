@@ -64,7 +64,7 @@ class ThreadPlacement:
         self.requested = 0
         self.stop = threading.Event()
         self.loop = RolloutLoop(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
-        # With compile_options, torch.compile'd calls (compiled on this thread at the first call).
+        # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
         self.act = acting_call(runner, compile_options, num_envs=envs.num_envs, obs_key=self.loop.obs_key)
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
