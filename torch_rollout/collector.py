@@ -295,8 +295,8 @@ class Collector:
         compile_policy: act through ``torch.compile`` (see Compiled acting):
             ``True``, or a dict of ``torch.compile`` keyword arguments
             (``fullgraph``, ``dynamic``, ``backend``, ``mode``, ``options``);
-            ``False`` (default): eager, which was as fast or faster on the CPU
-            (README, Performance).
+            ``False`` (default): eager (compiling did not win clearly on the
+            CPU: README, Compiled policies).
 
     Raises:
         TypeError: for an unsupported space or argument type.
