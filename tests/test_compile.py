@@ -16,6 +16,8 @@ from placements import LOCAL_PLACEMENTS, envs_for
 from torch_rollout import Collector
 
 _torch_dynamo = pytest.importorskip("torch._dynamo")
+# The thread and one worker process: a second worker fails the same way (and costs seconds to start).
+ONE_LOOP_PLACEMENTS = [param for param in LOCAL_PLACEMENTS if param.values[0].get("num_workers", 1) == 1]
 
 
 class TwoScalePolicy(nn.Module):
@@ -90,7 +92,7 @@ def failing_backend(graph_module: torch.fx.GraphModule, example_inputs: list) ->
     raise CompileFails("no C++ compiler here")
 
 
-@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)
+@pytest.mark.parametrize("placement", ONE_LOOP_PLACEMENTS)
 def test_compile_failure_reaches_next_naming_the_option(placement):
     envs, extra = envs_for(placement, make_counting_envs, 2)
     with Collector(envs, TwoScalePolicy(), num_steps=4, device="cpu", compile_policy={"backend": failing_backend},
