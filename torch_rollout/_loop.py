@@ -68,7 +68,14 @@ class PolicyCall:
 Forward = Callable[[PolicyCall], "tuple[Any, int]"]
 
 
-def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs", *, owned: bool = False) -> Any:
+def call_policy(
+    policy: nn.Module,
+    call: PolicyCall,
+    obs_key: str = "obs",
+    functions: tuple[Callable[..., Any], Callable[..., Any] | None] | None = None,
+    *,
+    owned: bool = False,
+) -> Any:
     """Makes ``call`` on ``policy`` in eval mode, and puts back the modes its modules had.
 
     The forward is ``policy(obs)``, or ``policy(obs, state, is_init)`` in
@@ -76,6 +83,8 @@ def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs", *, ow
     arguments when it exists. A TensorDictModule gets one TensorDict with
     ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
     state's entries at their own keys), as TorchRL's recurrent modules read it.
+    ``functions``: ``(forward, get_value or None)`` called instead of the
+    policy's own (its compiled ones, see ``torch_rollout._compile``).
     ``owned`` marks the collector's own acting copy, which is in eval mode from
     its creation on: its modes are then neither read nor switched.
     """
@@ -89,8 +98,11 @@ def call_policy(policy: nn.Module, call: PolicyCall, obs_key: str = "obs", *, ow
     for module in training:
         object.__setattr__(module, "training", False)
     try:
-        method = getattr(policy, "get_value", None) if call.value_only else None
-        function = policy if method is None else method
+        if functions is None:
+            method = getattr(policy, "get_value", None) if call.value_only else None
+            function = policy if method is None else method
+        else:
+            function = functions[1] if call.value_only and functions[1] is not None else functions[0]
         if isinstance(policy, TensorDictModuleBase):
             entries: dict[str, Any] = {obs_key: call.obs}
             if call.state is not None:

@@ -31,8 +31,9 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._async_loop import loop_class
+from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import PolicyCall, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, Stopped
 
 __all__ = ["ProcessPlacement"]
 
@@ -64,6 +65,9 @@ class ProcessPlacement:
         device: where batches are delivered (and where workers run the policy).
         seed: env ``j`` is seeded ``seed + j``.
         env_kwargs: for an env id.
+        startup_timeout: seconds to wait for the workers to build and reset their envs.
+        compile_options: ``torch.compile`` keyword arguments: each worker compiles its own policy
+            calls (see ``torch_rollout._compile``); None: eager.
         loop_kwargs: ``num_steps``, ``check_finite``.
 
     The consumer talks to it as to the thread placement: ``request()``,
@@ -87,6 +91,7 @@ class ProcessPlacement:
         seed: int | None,
         env_kwargs: Mapping[str, Any] | None,
         startup_timeout: float | None,
+        compile_options: dict[str, Any] | None = None,
         **loop_kwargs: Any,
     ) -> None:
         ctx = _context()
@@ -113,6 +118,7 @@ class ProcessPlacement:
                     args=(
                         index, child_end, recipe, env_kwargs, count, start, shared_policy, self.locks[index],
                         self.control, device, None if seed is None else seed + start, prefetch + 1, loop_kwargs,
+                        compile_options,
                     ),
                 )  # fmt: skip
                 process.start()
@@ -368,6 +374,7 @@ def _worker_main(
     seed: int | None,
     num_slots: int,
     loop_kwargs: dict[str, Any],
+    compile_options: dict[str, Any] | None,
 ) -> None:
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -378,7 +385,9 @@ def _worker_main(
     try:
         with torch.no_grad():
             envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
-            forward = _WorkerForward(policy, lock, ctrl, device, loop_kwargs.get("obs_key", "obs"))
+            forward = _WorkerForward(
+                policy, lock, ctrl, device, loop_kwargs.get("obs_key", "obs"), num_envs, compile_options
+            )  # fmt: skip
             loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
                 envs, forward, device=device, storage_device=torch.device("cpu"), seed=seed,
                 autoreset_mode=autoreset_mode(envs), stop=lambda: bool(ctrl[_STOP]), env_offset=start_index,
@@ -432,7 +441,16 @@ def _worker_main(
 class _WorkerForward:
     """The worker's policy call: under its weights lock, with the version the trainer last published."""
 
-    def __init__(self, shared: nn.Module, lock: Any, ctrl: Any, device: torch.device, obs_key: str) -> None:
+    def __init__(
+        self,
+        shared: nn.Module,
+        lock: Any,
+        ctrl: Any,
+        device: torch.device,
+        obs_key: str,
+        num_envs: int,
+        compile_options: dict[str, Any] | None,
+    ) -> None:
         self.shared = shared
         self.obs_key = obs_key
         self.lock = lock
@@ -441,6 +459,8 @@ class _WorkerForward:
         # On the CPU the worker runs the shared copy itself; elsewhere a copy on its device,
         # refreshed from the shared one whenever the version changes.
         self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device).eval()
+        # With compile_options, this worker compiles its own calls of the runner (at the first one).
+        self.act = acting_call(self.runner, compile_options, num_envs=num_envs, obs_key=obs_key, owned=True)
         self.seen = -1
 
     def __call__(self, call: PolicyCall) -> tuple[Any, int]:
@@ -451,7 +471,7 @@ class _WorkerForward:
                     for dst, src in zip(self.runner.state_dict().values(), self.shared.state_dict().values()):
                         dst.copy_(src)
                 self.seen = version
-            return call_policy(self.runner, call, self.obs_key, owned=True), version
+            return self.act(call), version
 
 
 def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:

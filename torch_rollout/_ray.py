@@ -30,8 +30,9 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._async_loop import loop_class
+from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
-from torch_rollout._loop import PolicyCall, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, Stopped
 from torch_rollout._process import _sigint_deferred
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
@@ -105,6 +106,8 @@ class RayPlacement:
         options: Ray actor options for every worker (``num_cpus``, ``num_gpus``, ``resources``,
             ``runtime_env``, ``scheduling_strategy``, ...), and ``max_restarts``: how many times
             torch_rollout recreates a worker whose actor died (default 0: the death is an error).
+        compile_options: ``torch.compile`` keyword arguments: each actor compiles its own policy
+            calls (see ``torch_rollout._compile``); None: eager.
         loop_kwargs: ``num_steps``, ``check_finite``.
 
     The consumer talks to it as to the other placements: ``request()``,
@@ -134,6 +137,7 @@ class RayPlacement:
         env_kwargs: Mapping[str, Any] | None,
         startup_timeout: float | None,
         options: Mapping[str, Any] | None,
+        compile_options: dict[str, Any] | None = None,
         **loop_kwargs: Any,
     ) -> None:
         ray = self.ray = import_ray()
@@ -171,7 +175,7 @@ class RayPlacement:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"Collector: ray_options={dict(options)!r} are not valid Ray actor options: {exc}") from exc
         try:
-            self._payload = ray.put((recipe, dict(env_kwargs or {}), runner, loop_kwargs))
+            self._payload = ray.put((recipe, dict(env_kwargs or {}), runner, loop_kwargs, compile_options))
             refs = [self._start(k) for k in range(num_workers)]
             deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
             if not self._gather(refs, "ready", deadline):
@@ -443,7 +447,7 @@ class _RayWorker:
     def setup(self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None) -> tuple:
         import ray
 
-        recipe, env_kwargs, policy, loop_kwargs = payload
+        recipe, env_kwargs, policy, loop_kwargs, compile_options = payload
         context = ray.get_runtime_context()
         self.is_canceled = getattr(context, "is_canceled", lambda: False)
         self.start_index = start_index
@@ -468,12 +472,16 @@ class _RayWorker:
                     **loop_kwargs,
                 )  # fmt: skip
                 self.loop.reset()
+            # With compile_options, this actor compiles its own calls of the runner (at the first one).
+            self.act = acting_call(
+                self.runner, compile_options, num_envs=num_envs, obs_key=self.loop.obs_key, owned=True
+            )
         except BaseException as exc:
             return self._error(exc)
         return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
-        return call_policy(self.runner, call, self.loop.obs_key, owned=True), self.version
+        return self.act(call), self.version
 
     def reseed(self, seed: int | None) -> None:
         self.loop.reseed(seed)

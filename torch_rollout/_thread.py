@@ -16,9 +16,10 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._async_loop import loop_class
+from torch_rollout._compile import acting_call
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, call_policy
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped
 
 __all__ = ["ThreadPlacement"]
 
@@ -48,7 +49,14 @@ class ThreadPlacement:
     thread: threading.Thread
 
     def __init__(
-        self, envs: VectorEnv, runner: nn.Module, *, owns_envs: bool, owns_runner: bool, **loop_kwargs: Any
+        self,
+        envs: VectorEnv,
+        runner: nn.Module,
+        *,
+        owns_envs: bool,
+        owns_runner: bool,
+        compile_options: dict[str, Any] | None = None,
+        **loop_kwargs: Any,
     ):
         self.envs = envs
         self.runner = runner
@@ -60,6 +68,10 @@ class ThreadPlacement:
         self.stop = threading.Event()
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
         self.loop: RolloutLoop = loop_class(envs)(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
+        # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
+        self.act = acting_call(
+            runner, compile_options, num_envs=envs.num_envs, obs_key=self.loop.obs_key, owned=owns_runner
+        )
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()
@@ -77,7 +89,7 @@ class ThreadPlacement:
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
-            return call_policy(self.runner, call, self.loop.obs_key, owned=self.owned), self.version
+            return self.act(call), self.version
 
     def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the acting copy's ``dst`` and counts a new version, no forward pass running."""

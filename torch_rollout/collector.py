@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
+from torch_rollout._compile import check_compile_policy
 from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
 from torch_rollout._infos import check_info_keys
 from torch_rollout._interaction import greedy_modules
@@ -195,6 +196,24 @@ class Collector:
     trainer replaced (``load_state_dict(assign=True)``, a new submodule) are
     followed, and a change of names or shapes raises ``ValueError``.
 
+    Compiled acting (``compile_policy``): the policy's forward and its
+    ``get_value`` run through ``torch.compile`` (``True``: its defaults; a dict:
+    its keyword arguments, e.g. ``{"mode": "reduce-overhead"}`` for CUDA graphs
+    on a CUDA device), compiled by whoever acts (the thread, each worker
+    process, each Ray actor) at its first call, so the first batch carries the
+    compile time. The weights are inputs of the compiled graphs, never
+    constants: a refresh copied into the acting copy is what the next call
+    computes with, under the same lock as eager calls. On the thread with
+    ``prefetch=0`` the collector compiles a wrapper of ``policy`` and acts
+    with the trainer's own weights as they are at each step; ``policy``
+    itself, and the trainer's calls of it, stay eager. Bootstrap calls on fewer
+    envs (final observations) are padded to all of a loop's envs by repeating
+    a row, and cut back, so each function compiles once, whatever the number of
+    envs that end (rows must not depend on one another). Recurrent policies and
+    TensorDictModules compile the same way. A compile failure (no C++ compiler,
+    an unsupported op) is raised by ``next()`` as a ``RuntimeError`` naming
+    ``compile_policy`` and the fix, ``compile_policy=False``.
+
     Errors: an exception raised by the env or the policy in the background is
     re-raised by ``next()`` with its original traceback (from a worker process:
     the same exception type, with the worker's traceback text as its
@@ -274,6 +293,11 @@ class Collector:
             Mapping) of ``[num_envs, ...]`` tensors or a function
             ``initial_state(num_envs)`` returning one (see Recurrent policies);
             ``None``: the policy is called as ``policy(obs)``.
+        compile_policy: act through ``torch.compile`` (see Compiled acting):
+            ``True``, or a dict of ``torch.compile`` keyword arguments
+            (``fullgraph``, ``dynamic``, ``backend``, ``mode``, ``options``);
+            ``False`` (default): eager (compiling did not win clearly on the
+            CPU: README, Compiled policies).
 
     Raises:
         TypeError: for an unsupported space or argument type.
@@ -340,6 +364,7 @@ class Collector:
         obs_key: str = "obs",
         ray_options: Mapping[str, Any] | None = None,
         initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
+        compile_policy: bool | Mapping[str, Any] = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -356,6 +381,7 @@ class Collector:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
         info_specs = check_info_keys(info_keys)
+        compile_options = check_compile_policy(compile_policy)
         if not isinstance(obs_key, str) or not obs_key or obs_key in _BATCH_KEYS:
             raise ValueError(
                 f"Collector: obs_key must be a str other than the batch's own keys {sorted(_BATCH_KEYS)}, got "
@@ -383,6 +409,11 @@ class Collector:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
+        if compile_options and backend in ("process", "ray"):  # e.g. a backend function, sent to the workers
+            hint = "pass the backend by its name or as a module-level function"
+            check_picklable("compile_policy", compile_options, hint) if backend == "process" else (
+                check_ray_picklable("compile_policy", compile_options)
+            )  # fmt: skip
         if ray_options is not None and (backend != "ray" or not isinstance(ray_options, Mapping)):
             raise ValueError(
                 f"Collector: ray_options must be a dict of Ray actor options, for backend='ray' only; got "
@@ -437,7 +468,7 @@ class Collector:
                 mode = autoreset_mode(built)
                 self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
                     built, runner, owns_envs=self._owns_envs, owns_runner=runner is not policy, device=self.device,
-                    seed=seed, autoreset_mode=mode, **loop_kwargs,
+                    seed=seed, autoreset_mode=mode, compile_options=compile_options, **loop_kwargs,
                 )  # fmt: skip
             except BaseException:
                 if self._owns_envs:
@@ -454,7 +485,7 @@ class Collector:
             self._placement = placement(
                 envs, runner.share_memory() if backend == "process" else runner, num_envs=num_envs,
                 num_workers=num_workers, prefetch=prefetch, device=self.device, seed=seed, env_kwargs=env_kwargs,
-                startup_timeout=timeout, **extra, **loop_kwargs,
+                startup_timeout=timeout, compile_options=compile_options, **extra, **loop_kwargs,
             )  # fmt: skip
             mode = AutoresetMode(self._placement.info["autoreset_mode"])
             self.envs = None
