@@ -145,6 +145,27 @@ class HandAsync:
         self.env.close()
 
 
+class HandSync:
+    """A hand-written sync loop: forward, step, nothing stored (the least a loop that acts must do)."""
+
+    def __init__(self, num_threads: int) -> None:
+        self.env = _pool(num_threads=num_threads)
+        self.obs, _ = self.env.reset()
+        self.policy = _policy()
+
+    def step(self) -> int:
+        obs = self.obs
+        with torch.no_grad():
+            for _ in range(NUM_STEPS):
+                action = self.policy(torch.as_tensor(obs, dtype=torch.float32))["action"]
+                obs, *_ = self.env.step(action.numpy())
+        self.obs = obs
+        return NUM_STEPS * NUM_ENVS
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class Collecting:
     """``Collector(backend="thread")`` on a live EnvPool; one step is one batch [T, N]."""
 
@@ -171,6 +192,7 @@ def systems(prefetch: int) -> dict[str, Callable[[], Any]]:
         "env alone (sync, num_threads=1)": lambda: EnvAlone(1),
         "ref: env alone (sync, num_threads=0)": lambda: EnvAlone(0),
         "policy forward alone": PolicyAlone,
+        "ref: hand-written sync loop (num_threads=1)": lambda: HandSync(1),
         f"collector, sync (num_threads=1), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 1, prefetch),
         f"collector, sync (num_threads=0), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 0, prefetch),
     }
