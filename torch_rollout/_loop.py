@@ -187,7 +187,7 @@ class RolloutLoop:
         self.infos = None if info_keys is None else InfoRecorder(
             info_keys, num_envs=envs.num_envs, autoreset_mode=autoreset_mode, env_offset=env_offset
         )  # fmt: skip
-        check_envpool(envs, seed)  # a pool that would ignore the seed, or in async mode, is refused
+        check_envpool(envs, seed)  # a pool of the user's own given a seed (it would ignore it) is refused
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
