@@ -156,8 +156,9 @@ def main() -> None:
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     results = {case: run_case(*case, args.repeats, args.batches) for case in CASES}
-    print(f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved repeats "
-          f"of {args.batches} batches; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end\n")  # fmt: skip
+    print(f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved "
+          f"repeats of {args.batches} batches; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+          "end\n")  # fmt: skip
     print("| case | system | frames/s (median) | min - max | x serial floor |")
     print("|:---|:---|---:|---:|---:|")
     for (env_id, num_envs), result in results.items():
