@@ -379,6 +379,11 @@ def _worker_main(
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # K workers and the trainer share the cores; a team per process would spin
+    if "fork" in multiprocessing.get_all_start_methods():
+        # This process came from the forkserver, whose start method it inherits: every process that a vector env
+        # of processes (AsyncVectorEnv) starts would then import the trainer's main module again (seconds each,
+        # measured). Fork them from this process instead, before any thread of its own is started.
+        multiprocessing.set_start_method("fork", force=True)
     _watch_parent()
     ctrl = control.numpy()
     envs = None
