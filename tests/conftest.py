@@ -30,6 +30,7 @@ RAY_RUNS: dict[str, dict[str, tuple[Any, ...]]] = {
     },
     "test_infos_are_those_of_each_rows_step": {"mode": ("NextStep",)},
     "test_env_error_in_a_worker_reaches_next_with_its_traceback": {},
+    "test_batches_are_those_of_one_vector_env": {"prefetch": (1,)},
 }
 
 

@@ -7,7 +7,7 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import nn
 
 
@@ -67,6 +67,11 @@ def make_counting_envs(
 ) -> SyncVectorEnv:
     """CountingEnvs ``start_index ..``; with ``functools.partial`` (mode as keyword) a recipe for worker processes."""
     return SyncVectorEnv([partial(CountingEnv, start_index + i) for i in range(num_envs)], autoreset_mode=mode)
+
+
+def make_async_counting_envs(num_envs: int, start_index: int = 0) -> AsyncVectorEnv:
+    """CountingEnvs ``start_index ..``, each in its own process (NEXT_STEP mode): groups to double-buffer."""
+    return AsyncVectorEnv([partial(CountingEnv, start_index + i) for i in range(num_envs)])
 
 
 def value_fn(obs: torch.Tensor) -> torch.Tensor:

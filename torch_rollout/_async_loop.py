@@ -1,4 +1,8 @@
-"""The collection loop for envs that step asynchronously: EnvPool in async mode, driven with ``send``/``recv``."""
+"""The collection loop for envs that step asynchronously, driven with ``send``/``recv``.
+
+EnvPool in async mode, and :class:`DoubleBufferedVectorEnv` (groups of
+AsyncVectorEnv, double-buffered), which presents EnvPool's async API.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from torch_rollout._double_buffer import DoubleBufferedVectorEnv
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, _empty_rows
 from torch_rollout._spaces import ActionConverter, ObsBuffer, ObsChecker, first_non_finite, obs_to_tensor
 
@@ -19,7 +24,9 @@ __all__ = ["AsyncRolloutLoop", "is_async_pool", "loop_class"]
 
 
 def is_async_pool(envs: VectorEnv) -> bool:
-    """Whether ``envs`` is an EnvPool in async mode (``batch_size < num_envs``), stepped with ``send``/``recv``.
+    """Whether ``envs`` is stepped with ``send``/``recv``: an EnvPool in async mode (``batch_size < num_envs``).
+
+    Or a :class:`DoubleBufferedVectorEnv`, which presents the same API.
 
     Raises:
         TypeError: ``envs`` wraps such a pool: the wrapper's ``step`` would
@@ -40,7 +47,7 @@ def is_async_pool(envs: VectorEnv) -> bool:
 
 
 def loop_class(envs: VectorEnv) -> type[RolloutLoop]:
-    """The collection loop for ``envs``: :class:`AsyncRolloutLoop` for an async EnvPool, else :class:`RolloutLoop`."""
+    """The loop for ``envs``: :class:`AsyncRolloutLoop` for envs stepped with send/recv, else :class:`RolloutLoop`."""
     return AsyncRolloutLoop if is_async_pool(envs) else RolloutLoop
 
 
@@ -92,6 +99,9 @@ class _Rows:
 class AsyncRolloutLoop(RolloutLoop):
     """Collects ``[T, N]`` batches from an EnvPool in async mode: the policy acts on the envs that are ready.
 
+    A :class:`DoubleBufferedVectorEnv` is driven the same way: its ``recv()``
+    returns one group, whose next step is sent while the other groups step.
+
     ``recv()`` returns the ``batch_size`` envs whose step has finished
     (``info["env_id"]``), and ``send(action, env_id)`` steps them while the
     others keep stepping in EnvPool's threads, outside the GIL. Each env fills
@@ -116,9 +126,10 @@ class AsyncRolloutLoop(RolloutLoop):
     In recurrent mode each env's state goes with it.
 
     Args:
-        envs: an EnvPool in async mode (see :func:`is_async_pool`).
-        **kwargs: as :class:`RolloutLoop`; ``seed`` cannot reach the pool (its
-            seeds are fixed when it is made) and only warns when it differs.
+        envs: an EnvPool in async mode or a DoubleBufferedVectorEnv (see :func:`is_async_pool`).
+        **kwargs: as :class:`RolloutLoop`; ``seed`` cannot reach an EnvPool (its
+            seeds are fixed when it is made) and only warns when it differs; a
+            DoubleBufferedVectorEnv is reset with it.
     """
 
     def __init__(self, envs: VectorEnv, *args: Any, **kwargs: Any) -> None:
@@ -140,6 +151,7 @@ class AsyncRolloutLoop(RolloutLoop):
         self.check_obs = ObsChecker(self.obs_space, B)
         if self.infos is not None:
             self.infos.num_envs = B  # records one recv's envs, then scatters them to their rows
+        self.seeds_at_reset = isinstance(envs, DoubleBufferedVectorEnv)
         self._warn_seed(self.seed)
         self.buffers: deque[_Rows] = deque()
 
@@ -148,6 +160,8 @@ class AsyncRolloutLoop(RolloutLoop):
         super().reseed(seed)
 
     def _warn_seed(self, seed: int | None) -> None:
+        if self.seeds_at_reset:
+            return
         made = self.envs.config.get("seed")
         if seed is not None and seed != made:
             warnings.warn(
@@ -161,7 +175,10 @@ class AsyncRolloutLoop(RolloutLoop):
         N = self.num_envs
         self._drain()
         self.call = "envs.async_reset()"
-        self.envs.async_reset()
+        if self.seeds_at_reset:
+            self.envs.async_reset(seed=self.seed)
+        else:
+            self.envs.async_reset()
         self.in_flight[:] = True
         self.buffers.clear()
         self.first_row = 0  # an env's row index of row 0 of buffers[0]

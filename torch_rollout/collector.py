@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from torch_rollout._compile import check_compile_policy
-from torch_rollout._envs import autoreset_mode, build_envs, check_picklable
+from torch_rollout._double_buffer import DoubleBufferedRecipe, check_double_buffer, check_double_buffer_shares
+from torch_rollout._envs import autoreset_mode, build_envs, check_picklable, split_envs
 from torch_rollout._infos import check_info_keys
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
@@ -214,6 +215,16 @@ class Collector:
     an unsupported op) is raised by ``next()`` as a ``RuntimeError`` naming
     ``compile_policy`` and the fix, ``compile_policy=False``.
 
+    Double-buffering (``double_buffer=True``): each loop's envs (each
+    worker's share) are built as two groups that step asynchronously
+    (gymnasium ``AsyncVectorEnv``, one process per env) and presented as a
+    :class:`DoubleBufferedVectorEnv`; the loop acts on one group's
+    observations while the other group steps, and then starts that group's
+    next step. Each env still fills its own rows in order, so the batches are
+    those of ``double_buffer=False`` (with a deterministic policy, identical).
+    Rows run up to a step ahead into the next batch's storage, never lost;
+    in NEXT_STEP mode only (gymnasium's default).
+
     Errors: an exception raised by the env or the policy in the background is
     re-raised by ``next()`` with its original traceback (from a worker process:
     the same exception type, with the worker's traceback text as its
@@ -298,6 +309,11 @@ class Collector:
             (``fullgraph``, ``dynamic``, ``backend``, ``mode``, ``options``);
             ``False`` (default): eager (compiling did not win clearly on the
             CPU: README, Compiled policies).
+        double_buffer: step the envs in two groups of AsyncVectorEnv processes
+            and act on one while the other steps (see Double-buffering); with
+            an env id (made with ``vectorization_mode="async"``) or a function,
+            and an even number of envs per worker. ``False`` (default): it lost
+            to stepping one SyncVectorEnv on 2 cores (README, Double-buffering).
 
     Raises:
         TypeError: for an unsupported space or argument type.
@@ -365,6 +381,7 @@ class Collector:
         ray_options: Mapping[str, Any] | None = None,
         initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
         compile_policy: bool | Mapping[str, Any] = False,
+        double_buffer: bool = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
@@ -403,6 +420,9 @@ class Collector:
                 f"Collector: env_kwargs are passed to gymnasium.make_vec with an env id, but envs is a "
                 f"{type(envs).__name__}; build them into your vector env or make_envs function instead"
             )
+        check_double_buffer(double_buffer, envs)
+        if double_buffer and (isinstance(envs, str) or callable(envs)):
+            envs, env_kwargs = DoubleBufferedRecipe(envs, env_kwargs=env_kwargs), None
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -441,6 +461,8 @@ class Collector:
         _check_int("num_envs", num_envs, minimum=1)
         if num_workers > num_envs:
             raise ValueError(f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env")
+        if double_buffer:
+            check_double_buffer_shares(split_envs(num_envs, num_workers))
 
         self.policy = policy
         self.backend = backend
