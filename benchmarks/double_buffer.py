@@ -1,20 +1,25 @@
-"""Does double-buffering pay on this machine? Hand-written loops, before any collector is built for it.
+"""Does double-buffering pay on this machine? Hand-written loops and the collector, against the floors.
 
-Three loops step the same env with the benchmarks' 64x64 actor-critic (a Normal
-head for Box actions), one torch thread, nothing stored:
+For each case (HalfCheetah-v5 N=16, CartPole-v1 N=8), T=128, the benchmarks'
+64x64 actor-critic (a Normal head for Box actions), one torch thread:
 
-- ``SyncVectorEnv``: forward, step, in turn;
-- one ``AsyncVectorEnv`` of N worker processes: the same, the envs stepping in
-  their processes;
-- two ``AsyncVectorEnv`` groups of N/2 double-buffered: the policy acts on one
-  group's observations while the other group steps (``step_async`` /
-  ``step_wait``), which is what a double-buffered collector would do.
+- floors (as in ``overhead.py``): a ``SyncVectorEnv`` stepped alone with
+  pre-drawn actions, the policy's forward alone; the serial floor is their
+  serial sum ``1 / (1 / env + 1 / policy)``, and the slower of the two alone is
+  the ceiling of perfect overlap;
+- hand-written loops, nothing stored: ``SyncVectorEnv`` (forward, step, in
+  turn); one ``AsyncVectorEnv`` of N worker processes; two ``AsyncVectorEnv``
+  groups of N/2 double-buffered, the policy acting on one group's observations
+  while the other steps (``step_async`` / ``step_wait``);
+- the collector (thread, ``prefetch=0``): on a ``SyncVectorEnv``, and with
+  ``double_buffer=True`` (two AsyncVectorEnv groups).
 
-Systems alternate over the repeats, each built afresh; frames are env steps x N.
+Systems run interleaved (A B C ... A B C ...), each built afresh per repeat;
+frames are env steps x N.
 
 Usage::
 
-    benchmarks/.venv/bin/python benchmarks/double_buffer.py [--env ID] [--num-envs N] [--repeats R]
+    benchmarks/.venv/bin/python benchmarks/double_buffer.py [--repeats R] [--batches B] [--case ENV_ID:N ...]
 """
 
 from __future__ import annotations
@@ -22,106 +27,116 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
-from _common import fmt_rate, make_policy, quiet_warnings
-from envpool_async import GaussianActorCritic
+from _common import fmt_rate, quiet_warnings, run_interleaved
+from overhead import NUM_STEPS, Collecting, EnvAlone, HandLoop, PolicyAlone, _policy
 
-NUM_STEPS = 64
-
-
-def _policy(envs: gym.vector.VectorEnv) -> torch.nn.Module:
-    space, obs_dim = envs.single_action_space, int(np.prod(envs.single_observation_space.shape))
-    if hasattr(space, "n"):
-        return make_policy(0, obs_dim, int(space.n))
-    return GaussianActorCritic(obs_dim, int(np.prod(space.shape)))
+CASES = (("HalfCheetah-v5", 16), ("CartPole-v1", 8))
 
 
-def _act(policy: torch.nn.Module, obs: np.ndarray) -> np.ndarray:
+def _act(policy: torch.nn.Module, obs: Any) -> Any:
     return policy(torch.as_tensor(obs, dtype=torch.float32))["action"].numpy()
 
 
-class Single:
-    def __init__(self, env_id: str, num_envs: int, mode: str) -> None:
-        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+class HandAsync:
+    """One AsyncVectorEnv: forward, step, in turn; the envs step in their processes."""
+
+    def __init__(self, env_id: str, num_envs: int) -> None:
+        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="async")
         self.obs, _ = self.envs.reset(seed=0)
         self.policy = _policy(self.envs)
+        self.frames = NUM_STEPS * num_envs
 
-    def run(self) -> None:
+    def step(self) -> int:
         obs = self.obs
         with torch.no_grad():
             for _ in range(NUM_STEPS):
                 obs, *_ = self.envs.step(_act(self.policy, obs))
         self.obs = obs
+        return self.frames
 
     def close(self) -> None:
         self.envs.close()
 
 
-class DoubleBuffered:
+class HandDoubleBuffered:
+    """Two AsyncVectorEnv groups: the policy acts on one group's observations while the other steps."""
+
     def __init__(self, env_id: str, num_envs: int) -> None:
         half = num_envs // 2
         self.groups = [gym.make_vec(env_id, num_envs=half, vectorization_mode="async") for _ in range(2)]
-        self.obs = [group.reset(seed=i * half)[0] for i, group in enumerate(self.groups)]
         self.policy = _policy(self.groups[0])
-
-    def run(self) -> None:
         with torch.no_grad():
-            for group, obs in zip(self.groups, self.obs):
+            for i, group in enumerate(self.groups):
+                obs, _ = group.reset(seed=i * half)
                 group.step_async(_act(self.policy, obs))
-            for t in range(NUM_STEPS):
-                for i, group in enumerate(self.groups):  # act on one group while the other steps
+        self.frames = NUM_STEPS * num_envs
+
+    def step(self) -> int:
+        with torch.no_grad():
+            for _ in range(NUM_STEPS):
+                for group in self.groups:  # act on one group while the other steps
                     obs, *_ = group.step_wait()
-                    if t < NUM_STEPS - 1:
-                        group.step_async(_act(self.policy, obs))
-                    else:
-                        self.obs[i] = obs
+                    group.step_async(_act(self.policy, obs))
+        return self.frames
 
     def close(self) -> None:
         for group in self.groups:
+            group.step_wait()
             group.close()
+
+
+def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
+    half = num_envs // 2
+    factories = {
+        "env alone (SyncVectorEnv)": lambda: EnvAlone(env_id, num_envs),
+        "policy forward alone": lambda: PolicyAlone(env_id, num_envs),
+        "hand loop, SyncVectorEnv": lambda: HandLoop(env_id, num_envs),
+        f"hand loop, AsyncVectorEnv ({num_envs} processes)": lambda: HandAsync(env_id, num_envs),
+        f"hand loop, double-buffered 2 x AsyncVectorEnv ({half} processes each)": (
+            lambda: HandDoubleBuffered(env_id, num_envs)
+        ),
+        "Collector thread prefetch=0, SyncVectorEnv": lambda: Collecting(env_id, num_envs, False),
+        "Collector thread prefetch=0, double_buffer=True": lambda: Collecting(env_id, num_envs, True),
+    }
+    rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    env, policy = medians["env alone (SyncVectorEnv)"], medians["policy forward alone"]
+    return {"rates": rates, "medians": medians, "serial": 1.0 / (1.0 / env + 1.0 / policy), "ceiling": min(env, policy)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=2, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--case", action="append", help="ENV_ID:N (repeatable); default: the cases above")
     args = parser.parse_args()
+    cases = [(case.split(":")[0], int(case.split(":")[1])) for case in args.case] if args.case else CASES
     quiet_warnings()
     torch.set_num_threads(1)
-    env_id, num_envs = args.env, args.num_envs
-    systems = {
-        "SyncVectorEnv": lambda: Single(env_id, num_envs, "sync"),
-        f"AsyncVectorEnv ({num_envs} processes)": lambda: Single(env_id, num_envs, "async"),
-        f"double-buffered: 2 x AsyncVectorEnv ({num_envs // 2} processes each)": (
-            lambda: DoubleBuffered(env_id, num_envs)
-        ),
-    }
     load = os.getloadavg()[0]
-    rates: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(args.repeats):
-        for name, make in systems.items():
-            system = make()
-            system.run()  # warm-up
-            start = time.perf_counter()
-            system.run()
-            system.run()
-            rates[name].append(2 * NUM_STEPS * num_envs / (time.perf_counter() - start))
-            system.close()
-    print(f"\n{env_id}, N={num_envs}, T={NUM_STEPS}, 1 torch thread, {args.repeats} repeats; 1-min load {load:.2f} "
-          f"at the start, {os.getloadavg()[0]:.2f} at the end\n")  # fmt: skip
-    reference = statistics.median(rates["SyncVectorEnv"])
-    print("| loop | frames/s (median) | min - max | vs SyncVectorEnv |")
-    print("|:---|---:|---:|---:|")
-    for name, values in rates.items():
-        median = statistics.median(values)
-        spread = f"{fmt_rate(min(values))} - {fmt_rate(max(values))}"
-        print(f"| {name} | {fmt_rate(median)} | {spread} | {median / reference:.2f}x |")
+    results = {case: run_case(*case, args.repeats, args.batches) for case in cases}
+    print(f"\nT={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved repeats of {args.batches} "
+          f"batches, {os.cpu_count()} cores; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+          "end\n")  # fmt: skip
+    print("| case | system | frames/s (median) | min - max | x serial floor | x SyncVectorEnv hand loop |")
+    print("|:---|:---|---:|---:|---:|---:|")
+    for (env_id, num_envs), result in results.items():
+        serial, medians = result["serial"], result["medians"]
+        hand = medians["hand loop, SyncVectorEnv"]
+        for name, values in result["rates"].items():
+            median = medians[name]
+            spread = f"{fmt_rate(min(values))} - {fmt_rate(max(values))}"
+            print(f"| {env_id} N={num_envs} | {name} | {fmt_rate(median)} | {spread} | {median / serial:.2f}x "
+                  f"| {median / hand:.2f}x |")  # fmt: skip
+        print(f"| {env_id} N={num_envs} | serial floor (env + policy) | {fmt_rate(serial)} | | 1.00x | |")
+        ceiling = result["ceiling"]
+        print(f"| {env_id} N={num_envs} | ceiling: the slower alone (perfect overlap) | {fmt_rate(ceiling)} | "
+              f"| {ceiling / serial:.2f}x | |")  # fmt: skip
 
 
 if __name__ == "__main__":

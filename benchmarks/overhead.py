@@ -115,13 +115,19 @@ class HandLoop:
 
 
 class Collecting:
-    def __init__(self, env_id: str, num_envs: int) -> None:
+    """``Collector(backend="thread", prefetch=0)`` given the env id: a SyncVectorEnv, or two AsyncVectorEnv groups."""
+
+    def __init__(self, env_id: str, num_envs: int, double_buffer: bool = False) -> None:
         from torch_rollout import Collector
 
-        self.envs = _envs(env_id, num_envs)
+        probe = _envs(env_id, 1)
+        policy = _policy(probe)
+        probe.close()
         self.collector = Collector(
-            self.envs, _policy(self.envs), num_steps=NUM_STEPS, backend="thread", prefetch=0, device="cpu", seed=0
-        )
+            env_id, policy, num_envs=num_envs, num_steps=NUM_STEPS, double_buffer=double_buffer,
+            env_kwargs=None if double_buffer else {"vectorization_mode": "sync"}, backend="thread", prefetch=0,
+            device="cpu", seed=0,
+        )  # fmt: skip
         self.batches = iter(self.collector)
         self.frames = NUM_STEPS * num_envs
 
@@ -131,7 +137,6 @@ class Collecting:
 
     def close(self) -> None:
         self.collector.close()
-        self.envs.close()
 
 
 def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
