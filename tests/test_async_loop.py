@@ -149,6 +149,21 @@ def test_wrapped_async_pool_and_seed_are_refused_or_named():
     collect(pool, CountingPolicy(), num_batches=1, num_steps=2, seed=3)  # the pool's own seed: no warning
 
 
+class OutOfRangeForEnv3(nn.Module):
+    """Discrete(3) actions, except 7 for env 3 (CountingEnv's obs[0] is its env id)."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        action = torch.where(obs[:, 0] == 3, 7, 0).long()
+        return {"action": action, "value": torch.zeros(obs.shape[0])}
+
+
+def test_an_action_out_of_range_names_the_env_not_its_place_in_the_recv():
+    """recv() returns envs 2 and 3 together: env 3 is row 1 of that call, and must be named env 3."""
+    pool = AsyncCountingPool(4, 2)
+    with pytest.raises(ValueError, match=re.escape("policy output 'action' for env 3 is 7, outside Discrete(3)")):
+        collect(pool, OutOfRangeForEnv3(), num_batches=1, num_steps=2)
+
+
 def test_async_pools_in_worker_processes_give_exact_rows():
     # A worker process building a pool of 6 envs with batch_size 2 (env 0 slow); batches in shared-memory slots.
     recipe = partial(make_async_counting_pool, batch_size=2, lag=3)

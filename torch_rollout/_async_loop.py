@@ -276,7 +276,7 @@ class AsyncRolloutLoop(RolloutLoop):
             found = first_non_finite(out_t["action"].detach().cpu().numpy())
             if found is not None:
                 self._raise_non_finite("action", int(ids[found[0]]), found[1], "the policy", None)
-        action = self.to_env_action(out_t["action"])
+        action = self.to_env_action(out_t["action"], ids)  # errors name the env, not its place in this recv
         self.call = "envs.send()"
         envs.send(action, env_id)
         self.in_flight[ids] = True

@@ -283,7 +283,8 @@ class ActionConverter:
         self.has_start = self.discrete and bool(np.any(np.asarray(self.start) != 0))
         self.scalar_count = self.discrete and np.ndim(self.count) == 0
 
-    def __call__(self, action: Tensor) -> np.ndarray:
+    def __call__(self, action: Tensor, env_ids: np.ndarray | None = None) -> np.ndarray:
+        """The env's actions; ``env_ids``: the envs of the rows (an async loop's), else rows are envs 0..n-1."""
         if action.shape != self.shape:
             raise ValueError(
                 f"Collector: policy output 'action' has shape {tuple(action.shape)}, expected {self.shape} "
@@ -297,11 +298,11 @@ class ActionConverter:
         cpu = action.device.type == "cpu" and not action.requires_grad
         array = action.numpy() if cpu else action.detach().cpu().numpy()
         if self.discrete:
-            self._check_range(array)
+            self._check_range(array, env_ids)
             return array.astype(self.dtype, copy=False)
         return np.clip(array, self.low, self.high).astype(self.dtype, copy=False)
 
-    def _check_range(self, array: np.ndarray) -> None:
+    def _check_range(self, array: np.ndarray, env_ids: np.ndarray | None) -> None:
         offset = array - self.start if self.has_start else array
         # Seen as unsigned, a negative offset is huge: one reduction checks both ends.
         unsigned = offset.view(_UNSIGNED[offset.itemsize]) if offset.dtype.kind == "i" else offset
@@ -312,9 +313,10 @@ class ActionConverter:
             return
         bad = ((offset < 0) | (offset >= self.count)).reshape(len(array), -1).any(axis=1)
         index = int(np.flatnonzero(bad)[0])
+        env = (index if env_ids is None else int(env_ids[index])) + self.env_offset
         high = self.start + self.count - 1
         raise ValueError(
-            f"Collector: policy output 'action' for env {index + self.env_offset} is {array[index].tolist()}, outside "
+            f"Collector: policy output 'action' for env {env} is {array[index].tolist()}, outside "
             f"{self.space!r}; expected integers from {np.asarray(self.start).tolist()} to "
             f"{np.asarray(high).tolist()}"
         )
