@@ -179,14 +179,14 @@ class TorchRollout:
 
     def __init__(
         self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, prefetch: int,
-        backend: str = "thread", num_workers: int = 1,
+        backend: str = "thread", num_workers: int = 1, compile_policy: bool = False,
     ) -> None:  # fmt: skip
         from torch_rollout import Collector, envpool_envs
 
         self.collector = Collector(
             envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS), _policy(state, seed), num_steps=num_steps,
             num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu", prefetch=prefetch, seed=seed,
-            backend=backend, num_workers=num_workers,
+            backend=backend, num_workers=num_workers, compile_policy=compile_policy,
         )  # fmt: skip
         self.batches = iter(self.collector)
 
@@ -357,7 +357,9 @@ class PolicyFloor:
     # distinct recorded batches, cycled: enough that no cache holds them all (each is N x 28 KiB)
     RECORDED = 16
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
+    def __init__(
+        self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
+    ) -> None:
         env = _make_pool(num_envs, seed, num_threads)
         obs, _ = env.reset()
         rng = np.random.default_rng(seed)
@@ -368,12 +370,13 @@ class PolicyFloor:
         env.close()
         self.obs = [recorded[t % len(recorded)] for t in range(num_steps)]
         self.policy = _policy(state, seed)
+        self.forward = torch.compile(self.policy) if compiled else self.policy
         self.num_steps, self.num_envs = num_steps, num_envs
 
     def step(self) -> int:
         with torch.no_grad():
             for obs in self.obs:
-                self.policy(obs)
+                self.forward(obs)
         return self.num_steps * self.num_envs
 
     def close(self) -> None:
@@ -381,9 +384,12 @@ class PolicyFloor:
 
 
 def systems(
-    num_envs: int, num_steps: int, seed: int, state: dict, num_threads: int
+    num_envs: int, num_steps: int, seed: int, state: dict, num_threads: int, compiled: bool = False
 ) -> tuple[dict[str, Callable[[], Session]], list[str]]:
-    """Factories of every system that can run here, and notes on the ones that cannot."""
+    """Factories of every system that can run here, and notes on the ones that cannot.
+
+    ``compiled``: add the thread collector with ``compile_policy=True`` and the compiled forward alone.
+    """
     args = (num_envs, num_steps, seed, state)
     kw = {"num_threads": num_threads}
     factories: dict[str, Callable[[], Session]] = {
@@ -393,6 +399,13 @@ def systems(
             *args, **kw, prefetch=1, backend="process", num_workers=1
         ),
     }
+    if compiled:
+        factories["torch_rollout thread (prefetch=1), compile_policy=True"] = lambda: TorchRollout(
+            *args, **kw, prefetch=1, compile_policy=True
+        )
+        factories["torch_rollout thread (prefetch=0), compile_policy=True"] = lambda: TorchRollout(
+            *args, **kw, prefetch=0, compile_policy=True
+        )
     notes = []
     if _has("torchrl"):
         factories["TorchRL Collector + GAE (GymWrapper, SAME_STEP adapter)"] = lambda: TorchRL(*args, **kw)
@@ -401,6 +414,8 @@ def systems(
     factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args, **kw)
     factories[ENV_FLOOR] = lambda: EnvFloor(*args, **kw)
     factories[POLICY_FLOOR] = lambda: PolicyFloor(*args, **kw)
+    if compiled:
+        factories["ref: policy forward alone, torch.compile'd"] = lambda: PolicyFloor(*args, **kw, compiled=True)
     if num_threads != 0:
         # what the pool reaches with EnvPool's own thread count (one per env, up to the cores)
         factories["ref: EnvPool stepping alone, num_threads=0 (EnvPool's default)"] = lambda: EnvFloor(
@@ -423,7 +438,7 @@ def derived_floors(rates: dict[str, list[float]]) -> dict[str, list[float]]:
 
 def run(
     *, quick: bool = False, repeats: int | None = None, num_envs: int = 8, num_steps: int | None = None,
-    num_threads: int = 1, seed: int = 0, log: Callable[[str], None] = print,
+    num_threads: int = 1, seed: int = 0, compiled: bool = False, log: Callable[[str], None] = print,
 ) -> dict[str, Any]:  # fmt: skip
     """Runs the Atari collection benchmark and returns its results (also written to results/atari.json).
 
@@ -434,6 +449,7 @@ def run(
         num_steps: T, steps per env per batch (default 32 quick, 128 full).
         num_threads: EnvPool's ``num_threads`` for every pool the systems step (0: EnvPool's default).
         seed: env and weight seed shared by all systems.
+        compiled: add ``compile_policy=True`` rows (thread, prefetch 0 and 1) and the compiled forward alone.
         log: where progress lines go.
 
     Returns:
@@ -449,7 +465,7 @@ def run(
     timed = 1 if quick else max(1, 2048 // (num_envs * num_steps))
     n_actions = int(envpool.make_spec(TASK).gymnasium_action_space.n)
     state = make_cnn(seed, n_actions).state_dict()
-    factories, notes = systems(num_envs, num_steps, seed, state, num_threads)
+    factories, notes = systems(num_envs, num_steps, seed, state, num_threads, compiled)
     log(f"atari: {TASK} N={num_envs} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
     rates.update(derived_floors(rates))
@@ -507,10 +523,11 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=None, help="T (default 128; 32 with --quick)")
     parser.add_argument("--num-threads", type=int, default=1, help="EnvPool's num_threads (0: its default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compiled", action="store_true", help="add compile_policy=True rows")
     args = parser.parse_args()
     results = run(
         quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, num_steps=args.num_steps,
-        num_threads=args.num_threads, seed=args.seed,
+        num_threads=args.num_threads, seed=args.seed, compiled=args.compiled,
     )  # fmt: skip
     print(to_markdown(results))
 

@@ -12,7 +12,9 @@ For each case (HalfCheetah-v5 N=16, CartPole-v1 N=8), T=128, the benchmarks'
   groups of N/2 double-buffered, the policy acting on one group's observations
   while the other steps (``step_async`` / ``step_wait``);
 - the collector (thread, ``prefetch=0``): on a ``SyncVectorEnv``, and with
-  ``double_buffer=True`` (two AsyncVectorEnv groups).
+  ``double_buffer=True`` (two AsyncVectorEnv groups); and two worker processes
+  (``backend="process"``, ``num_workers=2``, ``prefetch=1``) on a
+  ``SyncVectorEnv`` of half the envs each: the other way to step on both cores.
 
 Systems run interleaved (A B C ... A B C ...), each built afresh per repeat;
 frames are env steps x N.
@@ -102,6 +104,10 @@ def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str
         ),
         "Collector thread prefetch=0, SyncVectorEnv": lambda: Collecting(env_id, num_envs, False),
         "Collector thread prefetch=0, double_buffer=True": lambda: Collecting(env_id, num_envs, True),
+        # Both cores stepping envs the other way: two worker processes, each with its half and its policy copy.
+        "Collector process K=2 prefetch=1, SyncVectorEnv": lambda: Collecting(
+            env_id, num_envs, backend="process", num_workers=2, prefetch=1
+        ),
     }
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
     medians = {name: statistics.median(values) for name, values in rates.items()}

@@ -115,18 +115,19 @@ class HandLoop:
 
 
 class Collecting:
-    """``Collector(backend="thread", prefetch=0)`` given the env id: a SyncVectorEnv, or two AsyncVectorEnv groups."""
+    """``Collector(backend="thread", prefetch=0)`` (or ``placement``) given the env id: a SyncVectorEnv, or two
+    AsyncVectorEnv groups."""
 
-    def __init__(self, env_id: str, num_envs: int, double_buffer: bool = False) -> None:
+    def __init__(self, env_id: str, num_envs: int, double_buffer: bool = False, **placement: Any) -> None:
         from torch_rollout import Collector
 
         probe = _envs(env_id, 1)
         policy = _policy(probe)
         probe.close()
+        placement = {"backend": "thread", "prefetch": 0, **placement}
         self.collector = Collector(
             env_id, policy, num_envs=num_envs, num_steps=NUM_STEPS, double_buffer=double_buffer,
-            env_kwargs=None if double_buffer else {"vectorization_mode": "sync"}, backend="thread", prefetch=0,
-            device="cpu", seed=0,
+            env_kwargs=None if double_buffer else {"vectorization_mode": "sync"}, device="cpu", seed=0, **placement,
         )  # fmt: skip
         self.batches = iter(self.collector)
         self.frames = NUM_STEPS * num_envs
