@@ -406,7 +406,8 @@ def systems(
 
 def run(
     *, quick: bool = False, repeats: int | None = None, num_envs: list[int] | None = None, num_steps: int = 128,
-    seed: int = 0, log: Callable[[str], None] = print,
+    seed: int = 0, only: list[str] | None = None, timed_batches: int | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:  # fmt: skip
     """Runs the collection benchmark and returns its results (also written to results/collect.json).
 
@@ -416,6 +417,9 @@ def run(
         num_envs: the N values to run (default [8] quick, [8, 64] full).
         num_steps: T, steps per env per batch.
         seed: env and weight seed shared by all systems.
+        only: run only the systems whose names contain one of these strings (the reference always
+            runs); the results then go to results/collect_only.json.
+        timed_batches: timed batches per system per repeat (default: about 3k transitions).
         log: where progress lines go.
 
     Returns:
@@ -430,8 +434,10 @@ def run(
     results["tables"] = {}
     for n in num_envs:
         # at least ~3k timed transitions per system per repeat; one warm-up batch before
-        timed = 1 if quick else max(1, 3072 // (n * num_steps))
+        timed = timed_batches or (1 if quick else max(1, 3072 // (n * num_steps)))
         factories, notes = systems(n, num_steps, seed, state)
+        if only:
+            factories = {k: f for k, f in factories.items() if k == REFERENCE or any(part in k for part in only)}
         log(f"collect: N={n} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
         rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
         results["tables"][str(n)] = {
@@ -439,7 +445,8 @@ def run(
             "rows": summarize(rates, REFERENCE),
         }  # fmt: skip
     results["config"]["quick"] = quick
-    write_json("collect_quick" if quick else "collect", results)
+    results["config"]["only"] = only
+    write_json("collect_quick" if quick else "collect_only" if only else "collect", results)
     return results
 
 
@@ -484,8 +491,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--num-envs", type=int, nargs="+", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", default=None, help="systems whose names contain one of these")
+    parser.add_argument("--timed-batches", type=int, default=None, help="timed batches per system per repeat")
     args = parser.parse_args()
-    print(to_markdown(run(quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed)))
+    results = run(
+        quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed, only=args.only,
+        timed_batches=args.timed_batches,
+    )  # fmt: skip
+    print(to_markdown(results))
 
 
 if __name__ == "__main__":
