@@ -1,13 +1,20 @@
-"""Session-wide set-up for the Ray placement: fewer combinations on Ray, and its local Ray stopped at the end."""
+"""Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, and SIGINT caught."""
 
 from __future__ import annotations
 
 import enum
+import signal
 from typing import Any
 
 import pytest
 
 from placements import stop_local_ray
+
+# A shell that starts a job in the background without job control (`make test &`, `nohup ... &`) starts it
+# with SIGINT ignored, and an ignored signal stays ignored across exec: the tests that press Ctrl-C on a child
+# process would see it run on. Catch SIGINT again, as an interactive run does; children then start with it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A Ray actor starts in a fresh interpreter that imports torch and tensordict (seconds of CPU each), where a
 # worker process forks from a preloaded server. So the parametrized tests run on Ray only where Ray's own
