@@ -7,7 +7,6 @@ import re
 import traceback
 from functools import partial
 
-import gymnasium
 import numpy as np
 import pytest
 import torch
