@@ -44,27 +44,6 @@ def _act(policy: torch.nn.Module, obs: Any) -> Any:
     return policy(torch.as_tensor(obs, dtype=torch.float32))["action"].numpy()
 
 
-class HandAsync:
-    """One AsyncVectorEnv: forward, step, in turn; the envs step in their processes."""
-
-    def __init__(self, env_id: str, num_envs: int) -> None:
-        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="async")
-        self.obs, _ = self.envs.reset(seed=0)
-        self.policy = _policy(self.envs)
-        self.frames = NUM_STEPS * num_envs
-
-    def step(self) -> int:
-        obs = self.obs
-        with torch.no_grad():
-            for _ in range(NUM_STEPS):
-                obs, *_ = self.envs.step(_act(self.policy, obs))
-        self.obs = obs
-        return self.frames
-
-    def close(self) -> None:
-        self.envs.close()
-
-
 class HandDoubleBuffered:
     """Two AsyncVectorEnv groups: the policy acts on one group's observations while the other steps."""
 
@@ -98,7 +77,7 @@ def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str
         "env alone (SyncVectorEnv)": lambda: EnvAlone(env_id, num_envs),
         "policy forward alone": lambda: PolicyAlone(env_id, num_envs),
         "hand loop, SyncVectorEnv": lambda: HandLoop(env_id, num_envs),
-        f"hand loop, AsyncVectorEnv ({num_envs} processes)": lambda: HandAsync(env_id, num_envs),
+        f"hand loop, AsyncVectorEnv ({num_envs} processes)": lambda: HandLoop(env_id, num_envs, "async"),
         f"hand loop, double-buffered 2 x AsyncVectorEnv ({half} processes each)": (
             lambda: HandDoubleBuffered(env_id, num_envs)
         ),

@@ -41,8 +41,8 @@ CASES = (("CartPole-v1", 8), ("CartPole-v1", 64), ("HalfCheetah-v5", 16))
 NUM_STEPS = 128
 
 
-def _envs(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+def _envs(env_id: str, num_envs: int, mode: str = "sync") -> gym.vector.VectorEnv:
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
 
 
 def _policy(envs: gym.vector.VectorEnv) -> torch.nn.Module:
@@ -93,10 +93,10 @@ class PolicyAlone:
 
 
 class HandLoop:
-    """Obs to tensor, forward, action to the env: the least a loop that acts must do."""
+    """Obs to tensor, forward, action to the env: the least a loop that acts must do (``mode``: of make_vec)."""
 
-    def __init__(self, env_id: str, num_envs: int) -> None:
-        self.envs = _envs(env_id, num_envs)
+    def __init__(self, env_id: str, num_envs: int, mode: str = "sync") -> None:
+        self.envs = _envs(env_id, num_envs, mode)
         self.obs, _ = self.envs.reset(seed=0)
         self.policy = _policy(self.envs)
         self.frames = NUM_STEPS * num_envs
