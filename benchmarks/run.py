@@ -21,6 +21,7 @@ from typing import Any
 import atari
 import collect
 import gae
+import placement_ab
 import ppo
 import threads
 import truncation
@@ -84,6 +85,16 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
         parts += ["_Quick mode: one short repeat per system; these numbers only show that everything runs._", ""]
     if "collect" in results:
         parts += [collect.to_markdown(results["collect"]), ""]
+    if "placement" in results:
+        parts += [
+            placement_ab.to_markdown(results["placement"]),
+            "Issue 8's bar, one worker process at least as fast as the thread, measured as paired rounds "
+            "(`benchmarks/placement_ab.py`): the four collectors of the table are built once and kept; each round times "
+            "each of them in a shuffled order, none working while another is timed, and the ratio of a round "
+            "compares runs seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, "
+            "and the rounds in which the process was faster.",
+            "",
+        ]
     if "atari" in results:
         parts += [atari.to_markdown(results["atari"]), ""]
     if "gae" in results:
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["collect", "atari", "gae", "truncation", "threads", "ppo"],
+        choices=["collect", "placement", "atari", "gae", "truncation", "threads", "ppo"],
         default=None,
         help="run only these parts",
     )
@@ -162,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-readme", action="store_true", help="write results/performance.md, not README.md")
     args = parser.parse_args(argv)
     quiet_warnings()
-    parts = args.only or ["collect", "atari", "gae", "truncation", "threads", "ppo"]
+    parts = args.only or ["collect", "placement", "atari", "gae", "truncation", "threads", "ppo"]
     info = machine_info()
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -170,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         part_start = time.perf_counter()
         if part == "collect":
             results[part] = collect.run(quick=args.quick, repeats=args.repeats)
+        elif part == "placement":
+            results[part] = placement_ab.run(quick=args.quick, rounds=args.repeats)
         elif part == "atari":
             results[part] = atari.run(quick=args.quick, repeats=args.repeats)
         elif part == "gae":
