@@ -482,7 +482,10 @@ def process_verdict(table: dict[str, Any]) -> str:
             vs = ", ".join(f"{med[name] / med[t]:.2f}x thread prefetch={t[-2]}" for t in threads)
             parts.append(f"{name.split(' (')[0].removeprefix('torch_rollout process ')}: {vs}")
     met = all(med[PROCESS_K1] >= med[t] for t in threads)
-    return f"Process backend vs thread: {'; '.join(parts)} (bar: K=1 >= 1.00x both, {'met' if met else 'not met'})."
+    return (
+        f"Process backend vs thread: {'; '.join(parts)} (bar: K=1 >= 1.00x both, {'met' if met else 'not met'} in "
+        "these medians of fresh builds; `placement_ab.py` pairs the rounds)."
+    )
 
 
 def main() -> None:
