@@ -221,6 +221,8 @@ def test_recipe_arguments_are_checked_and_the_recipe_pickles(envpool):
 def test_the_vector_env_honours_reset_seed(envpool):
     envs = envpool_envs("CartPole-v1")(3)
     assert isinstance(envs, gymnasium.vector.VectorEnv) and envs.num_envs == 3
+    # EnvPool resets an env on the step after its episode ends; said where gymnasium's vector envs say it
+    assert envs.autoreset_mode == envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.NEXT_STEP
     with pytest.raises(RuntimeError, match=re.escape("call reset() before step()")):
         envs.step(np.zeros(3, dtype=np.int64))
     first, _ = envs.reset(seed=5)

@@ -44,6 +44,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
     """
 
     is_async = True  # stepped with send/recv by the collector (see torch_rollout._async_loop.is_async_pool)
+    autoreset_mode = AutoresetMode.NEXT_STEP  # as gymnasium's own vector envs say it, besides metadata
 
     def __init__(self, groups: Sequence[VectorEnv], *, env_offset: int = 0) -> None:
         groups = list(groups)

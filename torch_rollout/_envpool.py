@@ -131,6 +131,7 @@ class EnvPoolVectorEnv(VectorEnv):
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    autoreset_mode = AutoresetMode.NEXT_STEP  # as gymnasium's own vector envs say it, besides metadata
     task_id: str
     pool: Any = None  # EnvPool's pool, once the first reset built it
     seed: int | None
