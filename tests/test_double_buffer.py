@@ -7,6 +7,7 @@ import re
 import traceback
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -230,6 +231,20 @@ def test_groups_must_be_alike_and_in_next_step_mode():
     finally:
         for group in same_step + unequal:
             group.close()
+
+
+def test_a_wrapped_double_buffered_env_is_refused_with_the_fix():
+    envs = DoubleBufferedVectorEnv([make_async_counting_envs(2, start_index=2 * g) for g in range(2)])
+    assert envs.autoreset_mode == envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    wrapped = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    try:
+        refused = re.escape(
+            "envs is RecordEpisodeStatistics around a DoubleBufferedVectorEnv of 2 groups of 2 envs"
+        ) + r".*pass it unwrapped, or pass its envs as one vector env \(double_buffer=False\)"
+        with pytest.raises(TypeError, match=refused):
+            Collector(wrapped, ConstantPolicy(), num_steps=T, device="cpu", backend="thread")
+    finally:
+        envs.close()
 
 
 def test_send_takes_one_whole_group_in_order():

@@ -38,6 +38,13 @@ def is_async_pool(envs: VectorEnv) -> bool:
     if not getattr(base, "is_async", False):
         return False
     if base is not envs:
+        if isinstance(base, DoubleBufferedVectorEnv):
+            raise TypeError(
+                f"Collector: envs is {type(envs).__name__} around a DoubleBufferedVectorEnv of "
+                f"{len(base.groups)} groups of {base.group_size} envs; the collector drives it with send/recv "
+                "itself, past any wrapper (a vector wrapper would step every group at once): pass it unwrapped, "
+                "or pass its envs as one vector env (double_buffer=False)"
+            )
         raise TypeError(
             f"Collector: envs is {type(envs).__name__} around an EnvPool in async mode (batch_size="
             f"{base.config['batch_size']} < num_envs={base.num_envs}); the collector drives such a pool with "
