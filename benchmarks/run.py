@@ -89,10 +89,10 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
         parts += [
             placement_ab.to_markdown(results["placement"]),
             "Issue 8's bar, one worker process at least as fast as the thread, measured as paired rounds "
-            "(`benchmarks/placement_ab.py`): the four collectors of the table are built once and kept; each round times "
-            "each of them in a shuffled order, none working while another is timed, and the ratio of a round "
-            "compares runs seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, "
-            "and the rounds in which the process was faster.",
+            "(`benchmarks/placement_ab.py`): the four collectors of the table are built once and kept; each "
+            "round times each of them in a shuffled order, none working while another is timed, and the ratio "
+            "of a round compares runs seconds apart. Medians of the round ratios, a bootstrap 95% interval of "
+            "that median, and the rounds in which the process was faster.",
             "",
         ]
     if "atari" in results:
