@@ -1,6 +1,6 @@
 """EnvPool through the collector, in sync mode and in async mode (``batch_size < num_envs``).
 
-Issue 12's measurement: CartPole-v1, N=64 envs, T=128 steps, the benchmarks'
+The measurement: CartPole-v1, N=64 envs, T=128 steps, the benchmarks'
 64x64 actor-critic (a Normal head for Box actions: ``--env HalfCheetah-v5
 --num-envs 16``), one torch intra-op thread, ``Collector(backend="thread",
 prefetch=0)`` on a live EnvPool. Beside the collector rows, the floors: EnvPool

@@ -62,7 +62,7 @@ def make_transitions(num_steps: int, num_envs: int, seed: int = 0) -> dict[str, 
 
 
 def reference_gae(tr: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Float64 backward loop of the exact definition (issue 2's formula)."""
+    """Float64 backward loop of the exact definition (the formula of compute_gae's docstring)."""
     reward, value, next_value = tr["reward"].double(), tr["value"].double(), tr["next_value"].double()
     not_term = (~tr["terminated"]).double()
     not_done = (~(tr["terminated"] | tr["truncated"])).double()

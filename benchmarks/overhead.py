@@ -1,6 +1,6 @@
 """The collector's own work per step: collection on gymnasium's SyncVectorEnv against its serial floor.
 
-Issue 12's measurement of the collector's bookkeeping: for each case (CartPole-v1
+The measurement of the collector's bookkeeping: for each case (CartPole-v1
 N=8 and N=64, HalfCheetah-v5 N=16), T=128, the benchmarks' 64x64 actor-critic
 (a Normal head for Box actions), one torch thread, ``prefetch=0`` on the thread,
 so that nothing overlaps and the only question is what the collector adds:

@@ -42,7 +42,7 @@ SYSTEMS = {
     "process K=1 prefetch=0": {"prefetch": 0, "backend": "process", "num_workers": 1},
     "process K=1 prefetch=1": {"prefetch": 1, "backend": "process", "num_workers": 1},
 }
-# (numerator, denominator): issue 8's bar is one worker process at least as fast as the thread
+# (numerator, denominator): one worker process against each thread mode
 PAIRS = [
     ("process K=1 prefetch=1", "thread prefetch=1"),
     ("process K=1 prefetch=1", "thread prefetch=0"),
