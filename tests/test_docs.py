@@ -1,0 +1,106 @@
+"""The docs run as written: every ```python block of README.md and docs/*.md, and every relative link resolves."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
+TIMEOUT_S = 180
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """``(page, line of the block's first code line, code)`` of every ```python block of the pages."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text()
+        blocks += [(_name(page), text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in BLOCK.finditer(text)]
+    return blocks
+
+
+def missing_modules(code: str) -> list[str]:
+    """Top-level modules the block imports that are not installed (optional extras such as torchrl)."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return sorted(name for name in names if importlib.util.find_spec(name) is None)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a page: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    result = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        result.add(slug if n == 0 else f"{slug}-{n}")
+    return result
+
+
+def relative_links() -> list[tuple[str, str]]:
+    """``(page, target)`` of every link of the pages outside code that is not a URL or a bare anchor of a URL."""
+    links = []
+    for page in PAGES:
+        text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", page.read_text()))
+        links += [(_name(page), t) for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+    return links
+
+
+BLOCKS = python_blocks()
+LINKS = relative_links()
+
+
+def test_the_pages_have_python_blocks():
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=[f"{page}:{line}" for page, line, _ in BLOCKS])
+def test_python_block_runs(page, line, code, tmp_path):
+    where = f"{page} line {line}, the block starting {code.splitlines()[0]!r}"
+    missing = missing_modules(code)
+    if missing:
+        pytest.skip(f"{where} imports {', '.join(missing)}, not installed")
+    # A file, not -c: worker processes import the script again, as they would the reader's.
+    script = tmp_path / f"{Path(page).stem}_line{line}.py"
+    script.write_text(code)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-W", "error", str(script)], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where} did not finish within {TIMEOUT_S} s")
+    assert result.returncode == 0, f"{where} failed (exit code {result.returncode}):\n{result.stderr[-3000:]}"
+
+
+def test_the_pages_have_relative_links():
+    assert LINKS
+
+
+@pytest.mark.parametrize(("page", "target"), LINKS, ids=[f"{page}->{target}" for page, target in LINKS])
+def test_relative_link_resolves(page, target):
+    path, _, anchor = target.partition("#")
+    source = ROOT / page
+    file = (source.parent / path).resolve() if path else source
+    assert file.exists(), f"{page} links to {target}, but {file.relative_to(ROOT)} does not exist"
+    if anchor:
+        assert file.suffix == ".md", f"{page} links to {target}: an anchor into a file that is not markdown"
+        assert anchor in anchors(file), f"{page} links to {target}, but {_name(file)} has no heading #{anchor}"
