@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from placements import stop_local_ray
+from placements import on_ray, stop_local_ray
 
 # A shell that starts a job in the background without job control (`make test &`, `nohup ... &`) starts it
 # with SIGINT ignored, and an ignored signal stays ignored across exec: the tests that press Ctrl-C on a child
@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="left to the local placements on Ray (its actors take seconds to start)")
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is None or callspec.params.get("placement", {}).get("backend") != "ray":
+        if callspec is None or not on_ray(callspec.params.get("placement", {})):
             continue
         kept = RAY_RUNS.get(item.originalname)
         if kept is None or any(

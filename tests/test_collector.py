@@ -17,7 +17,7 @@ from torch import nn
 
 from counting_env import CountingPolicy, make_counting_envs, value_fn
 from placements import PLACEMENTS, envs_for
-from torch_rollout import Collector
+from torch_rollout import Collector, GAE
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 MODE_IDS = ["next_step", "same_step", "disabled"]
@@ -28,7 +28,7 @@ def collect(envs, policy, *, num_steps, num_batches, prefetch, **kwargs):
     total = num_steps * envs.num_envs * num_batches
     with Collector(
         envs, policy, num_steps=num_steps, total_timesteps=total, prefetch=prefetch, device="cpu",
-        gamma=GAMMA, gae_lambda=LAMBDA, seed=0, **kwargs,
+        gae=GAE(GAMMA, LAMBDA), seed=0, **kwargs,
     ) as collector:
         batches = list(collector)
     assert len(batches) == num_batches
@@ -433,7 +433,7 @@ def test_cuda_batches_match_cpu(mode, prefetch, placement):
         envs, extra = envs_for(placement, partial(make_counting_envs, mode=mode), 3)
         policy = CountingPolicy(deterministic=True).to(device)
         with Collector(envs, policy, num_steps=5, total_timesteps=5 * 3 * 4, prefetch=prefetch,
-                       device=device, gamma=GAMMA, gae_lambda=LAMBDA, **placement, **extra) as collector:
+                       device=device, gae=GAE(GAMMA, LAMBDA), **placement, **extra) as collector:
             results[device] = torch.cat(list(collector))
         if not extra:
             envs.close()

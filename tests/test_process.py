@@ -23,10 +23,10 @@ from gymnasium.vector import SyncVectorEnv
 from tensordict import TensorDict
 
 from counting_env import CountingPolicy, make_counting_envs
-from placements import PLACEMENTS, local_ray
+from placements import PLACEMENTS, local_ray, on_ray
 from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
 from test_collector import SpacesEnv, SpacesPolicy
-from torch_rollout import Collector
+from torch_rollout import Collector, Processes, Ray, gym_envs
 from torch_rollout._envs import RemoteTraceback
 
 TIMEOUT = 60.0
@@ -134,7 +134,8 @@ def test_thread_and_processes_give_identical_batches(prefetch):
     for backend, k in [("thread", 1), ("process", 1), ("process", 3)]:
         with Collector(
             recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
-            seed=11, device="cpu", backend=backend, num_workers=k, prefetch=prefetch, timeout=TIMEOUT,
+            seed=11, device="cpu", backend="thread" if backend == "thread" else Processes(k), prefetch=prefetch,
+            timeout=TIMEOUT,
         ) as collector:  # fmt: skip
             results[backend, k] = torch.cat(list(collector))
     reference = results["thread", 1]
@@ -152,7 +153,7 @@ def test_dict_observations_travel_through_shared_memory():
     recipe = functools.partial(spaces_envs, action_space=gymnasium.spaces.Discrete(4))
     with Collector(
         recipe, SpacesPolicy(discrete_three), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
-        backend="process", num_workers=2, timeout=TIMEOUT,
+        backend=Processes(2), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batches = list(collector)
     for batch in batches:
@@ -205,12 +206,14 @@ def test_bad_recipes_and_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector: policy=Local() cannot be pickled for a worker process")):
         Collector("CartPole-v1", Local(), num_envs=2, num_steps=4, backend="process")
     with pytest.raises(ValueError, match=re.escape("Collector: num_workers=3 is more than num_envs=2")):
-        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="process", num_workers=3)
-    with pytest.raises(ValueError, match=re.escape("Collector: num_workers=2 needs backend='process'")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend=Processes(3))
+    with pytest.raises(TypeError, match=re.escape("Collector: num_workers= is now backend=torch_rollout.Processes(num_workers=2)")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="thread", num_workers=2)
+    with pytest.raises(ValueError, match=re.escape("Processes: num_workers must be an int >= 1, got 0")):
+        Processes(0)
     with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process', 'ray'], got 'dask'")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="dask")
-    with pytest.raises(ValueError, match=re.escape("Collector: env_kwargs are passed to gymnasium.make_vec with an env id")):
+    with pytest.raises(TypeError, match=re.escape("Collector: env_kwargs= is now envs=torch_rollout.gym_envs(env_id, **{'x': 1})")):
         Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
 
 
@@ -227,8 +230,8 @@ def test_auto_chooses_processes_for_a_cpu_policy_with_a_recipe_else_the_thread()
 
 def test_env_kwargs_reach_every_worker():
     with Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=3, env_kwargs={"episode_length": 2}, backend="process",
-        num_workers=2, total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
+        gym_envs(FAULTY, episode_length=2), ConstantPolicy(), num_envs=4, num_steps=3, backend=Processes(2),
+        total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batch = torch.cat(list(collector))
     assert (batch["episode_length"][batch["done"]] == 2).all() and batch["done"].any()
@@ -252,17 +255,17 @@ RAY_WORKER = r"in Ray worker \d \(actor [0-9a-f]+, pid \d+, node [\d.]+, envs \d
 @pytest.mark.parametrize(
     "placement, named",
     [
-        pytest.param({"backend": "process", "num_workers": 1}, PROCESS_WORKER, id="process1"),
-        pytest.param({"backend": "process", "num_workers": 2}, PROCESS_WORKER, id="process2"),
-        pytest.param({"backend": "ray", "num_workers": 2}, RAY_WORKER, id="ray2", marks=PLACEMENTS[-1].marks),
+        pytest.param({"backend": Processes(1)}, PROCESS_WORKER, id="process1"),
+        pytest.param({"backend": Processes(2)}, PROCESS_WORKER, id="process2"),
+        pytest.param({"backend": Ray(2)}, RAY_WORKER, id="ray2", marks=PLACEMENTS[-1].marks),
     ],
 )
 def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named):
-    if placement["backend"] == "ray":
+    if on_ray(placement):
         local_ray()  # its workers import the tests' env modules
     snapshot = Snapshot()
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "step_raises", "at": 7},
+        gym_envs(FAULTY, fault="step_raises", at=7), ConstantPolicy(), num_envs=2, num_steps=4,
         timeout=TIMEOUT, **placement,
     )  # fmt: skip
     delivered = 0
@@ -277,7 +280,7 @@ def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named)
     with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with EnvFault"):
         next(collector)
     del collector, info, cause
-    if placement["backend"] == "process":  # Ray keeps its own pool of worker processes
+    if not on_ray(placement):  # Ray keeps its own pool of worker processes
         assert wait_until(lambda: not workers(), 5.0)
         snapshot.assert_no_leaks()
 
@@ -291,7 +294,7 @@ def test_policy_error_in_a_worker_reaches_next():
 
 def test_error_while_building_envs_is_raised_by_the_constructor():
     with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "reset_raises"},
+        Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), num_envs=2, num_steps=4,
                   backend="process", timeout=TIMEOUT)  # fmt: skip
     assert wait_until(lambda: not workers(), 5.0)
 
@@ -299,8 +302,8 @@ def test_error_while_building_envs_is_raised_by_the_constructor():
 def test_worker_killed_with_sigkill_is_named():
     snapshot = Snapshot()
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=4, env_kwargs={"fault": "sigkill", "at": 6},
-        backend="process", num_workers=2,
+        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
+        backend=Processes(2),
     )  # fmt: skip
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
@@ -328,7 +331,7 @@ def test_100_create_iterate_close_cycles_leave_nothing_behind():
     snapshot = Snapshot()
     semaphores = mapped_semaphores()
     for i in range(100):
-        options = dict(num_envs=2, num_steps=4, backend="process", num_workers=1 + i % 2, timeout=TIMEOUT)
+        options = dict(num_envs=2, num_steps=4, backend=Processes(1 + i % 2), timeout=TIMEOUT)
         if i % 3 == 0:
             with Collector(FAULTY, ConstantPolicy(), total_timesteps=2 * 4 * 2, **options) as collector:
                 list(collector)
@@ -351,11 +354,11 @@ SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {tests!r})
 from reliability_envs import ConstantPolicy
-from torch_rollout import Collector
+from torch_rollout import Collector, Processes
 
 if __name__ == "__main__":
     collector = Collector("torch_rollout_tests/Faulty-v0", ConstantPolicy(pause=0.01), num_envs=4, num_steps=16,
-                          backend="process", num_workers=2)
+                          backend=Processes(2))
     with collector:
         for i, batch in enumerate(collector):
             if i == 1:

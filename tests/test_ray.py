@@ -39,7 +39,7 @@ from reliability_envs import (
 from test_collector import SpacesEnv
 from test_process import deterministic_cartpole_policy
 from test_reliability_holes import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
-from torch_rollout import Collector
+from torch_rollout import Collector, Ray, gym_envs
 from torch_rollout._envs import RemoteTraceback
 
 ray = pytest.importorskip("ray")
@@ -79,12 +79,12 @@ def test_same_batches_as_the_thread():
     """Env ``j`` is seeded ``seed + j`` on Ray too: a deterministic policy sees the same episodes as on the thread."""
     recipe = partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")
     results = {}
-    for backend, k in [("thread", 1), ("ray", 3)]:
+    for name, backend in [("thread", "thread"), ("ray", Ray(3))]:
         with Collector(
             recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
-            seed=11, device="cpu", backend=backend, num_workers=k, prefetch=1, timeout=TIMEOUT,
+            seed=11, device="cpu", backend=backend, prefetch=1, timeout=TIMEOUT,
         ) as collector:  # fmt: skip
-            results[backend] = torch.cat(list(collector))
+            results[name] = torch.cat(list(collector))
     reference = results["thread"]
     assert reference["done"].any()
     for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return", "mask"):
@@ -107,7 +107,7 @@ def spaces_envs(num_envs: int) -> SyncVectorEnv:
 def test_dict_observations_and_any_dtype_travel_and_batches_are_writable_copies():
     with Collector(
         spaces_envs, DictObsPolicy(), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
-        backend="ray", num_workers=2, timeout=TIMEOUT,
+        backend=Ray(2), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batches = list(collector)
     for batch in batches:
@@ -139,7 +139,7 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
     monkeypatch.setattr(ray, "put", counting_put)
     with Collector(
         lambda n: gymnasium.make_vec(FAULTY, n), ConstantPolicy(), num_envs=4, num_steps=4,
-        total_timesteps=4 * 4 * 5, device="cpu", backend="ray", num_workers=2, timeout=TIMEOUT,
+        total_timesteps=4 * 4 * 5, device="cpu", backend=Ray(2), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         assert len(list(collector)) == 5
         refreshes = collector.policy_version
@@ -160,15 +160,15 @@ def test_policy_error_reaches_next():
 
 def test_error_while_building_envs_is_raised_by_the_constructor():
     with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "reset_raises"},
-                  backend="ray", timeout=TIMEOUT)  # fmt: skip
+        Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), num_envs=2, num_steps=4, backend="ray",
+                  timeout=TIMEOUT)  # fmt: skip
 
 
 def test_killed_worker_is_named():
     """An actor whose process is SIGKILLed (from inside its env's step) is a RuntimeError, not a hang."""
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=4, env_kwargs={"fault": "sigkill", "at": 6},
-        backend="ray", num_workers=2, timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
+        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
+        backend=Ray(2), timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
     )  # fmt: skip
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
@@ -179,7 +179,7 @@ def test_killed_worker_is_named():
     k, pid, first, last = map(int, found.groups())
     assert (first, last) == (2 * k, 2 * k + 1)
     assert wait_until(lambda: not alive(pid), 5.0)  # its process may still be exiting when Ray reports it
-    assert message.endswith("ray_options={'max_restarts': n} recreates a dead worker instead")
+    assert message.endswith("Ray(num_workers, options={'max_restarts': n}) recreates a dead worker instead")
     assert collector.closed
 
 
@@ -187,8 +187,8 @@ def test_restart_policy_recreates_a_dead_worker_and_delivers_no_transition_twice
     """max_restarts: a killed worker is recreated with new envs; its undelivered transitions are lost, none doubled."""
     T, N = 5, 4
     with Collector(
-        counting_vec, PidPolicy(), num_envs=N, num_steps=T, total_timesteps=T * N * 6, backend="ray",
-        num_workers=2, timeout=TIMEOUT, ray_options={"max_restarts": 1},
+        counting_vec, PidPolicy(), num_envs=N, num_steps=T, total_timesteps=T * N * 6,
+        backend=Ray(2, options={"max_restarts": 1}), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batches = []
         for b, batch in enumerate(collector):
@@ -218,8 +218,7 @@ def test_close_frees_the_actors_and_leaves_the_users_ray_running():
     """The session's Ray was initialised by the test (as a user would): the collector uses it and leaves it up."""
     cpus = ray.available_resources().get("CPU", 0)
     with Collector(
-        counting_vec, PidPolicy(), num_envs=2, num_steps=3, backend="ray", num_workers=2, timeout=TIMEOUT,
-        ray_options={"num_cpus": 1},
+        counting_vec, PidPolicy(), num_envs=2, num_steps=3, backend=Ray(2, options={"num_cpus": 1}), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         pids = set(next(collector)["pid"].unique().tolist())
         assert len(pids) == 2 and os.getpid() not in pids
@@ -234,13 +233,15 @@ def test_bad_ray_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector(backend='ray'): envs is a live SyncVectorEnv")):
         Collector(envs, ConstantPolicy(), num_steps=4, backend="ray")
     envs.close()
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options must be a dict of Ray actor options, for "
-                                                   "backend='ray' only; got dict {'num_cpus': 1} with backend='process'")):
+    with pytest.raises(TypeError, match=re.escape("Collector: ray_options= is now backend=torch_rollout.Ray(num_workers=..., "
+                                                  "options={'num_cpus': 1})")):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="process", ray_options={"num_cpus": 1})
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options['max_restarts'] must be an int >= 0")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="ray", ray_options={"max_restarts": -1})
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options={'num_cpu': 1} are not valid Ray actor options")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="ray", ray_options={"num_cpu": 1})
+    with pytest.raises(ValueError, match=re.escape("Ray: options must be a dict of Ray actor options, got list")):
+        Ray(2, options=["num_cpus"])
+    with pytest.raises(ValueError, match=re.escape("Ray: options['max_restarts'] must be an int >= 0")):
+        Ray(2, options={"max_restarts": -1})
+    with pytest.raises(ValueError, match=re.escape("Collector: Ray(options={'num_cpu': 1}) are not valid Ray actor options")):
+        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend=Ray(options={"num_cpu": 1}))
     policy = ConstantPolicy()
     policy.lock = threading.Lock()
     with pytest.raises(TypeError, match=re.escape("cannot be pickled for Ray's workers")):
@@ -255,7 +256,7 @@ def test_ctrl_c_at_points_of_next_drops_no_batch(sigint_raises_keyboard_interrup
     T, N = 4, 2
     batches, k = [], 1
     with Collector(
-        counting_vec, CountingPolicy(), num_envs=N, num_steps=T, backend="ray", num_workers=2, prefetch=1,
+        counting_vec, CountingPolicy(), num_envs=N, num_steps=T, backend=Ray(2), prefetch=1,
         timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         while True:
@@ -280,11 +281,11 @@ sys.path.insert(0, {tests!r})
 import ray
 from test_ray import PidPolicy
 from reliability_envs import counting_vec
-from torch_rollout import Collector
+from torch_rollout import Collector, Ray
 
 if __name__ == "__main__":
     assert not ray.is_initialized()
-    options = dict(num_envs=2, num_steps=8, backend="ray", num_workers=2)
+    options = dict(num_envs=2, num_steps=8, backend=Ray(2))
     with Collector(counting_vec, PidPolicy(), total_timesteps=2 * 8 * 2, **options) as collector:
         print("first", len(list(collector)), flush=True)
     print("after close", ray.is_initialized(), flush=True)

@@ -30,7 +30,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for
+from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
 from reliability_envs import (
     ConstantPolicy,
     CountingPolicy,
@@ -368,7 +368,7 @@ def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ah
     T, N = 4, 2
     calls = torch.zeros(N, dtype=torch.int64).share_memory_()
     envs, extra = envs_for(placement, partial(counted_envs, calls=calls), N)
-    loops = placement.get("num_workers", 1)  # vector envs, each stepped T times per batch
+    loops = num_loops(placement)  # vector envs, each stepped T times per batch
 
     def collected() -> float:
         return int(calls.sum()) / (T * loops)
