@@ -286,6 +286,7 @@ def test_no_torn_weights_and_bounded_lag_while_trainer_updates(prefetch, placeme
         envs.close()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_update_policy_refreshes_mid_iteration(placement):
     policy = VersionProbe()
@@ -315,6 +316,7 @@ class ThreadsProbe(nn.Module):
         return {"action": torch.zeros(n, dtype=torch.long), "threads": torch.full((n,), torch.get_num_threads())}
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own(placement):
     """Two OpenMP teams on one machine spin against each other: the collector takes one thread, nothing else."""
@@ -423,6 +425,7 @@ def test_spaces(action_space, make_action, mode):
     envs.close()
 
 
+@pytest.mark.ray(prefetch=(1,), mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")

@@ -249,6 +249,7 @@ PROCESS_WORKER = r"in worker [01] \(pid \d+\)"
 RAY_WORKER = r"in Ray worker \d \(actor [0-9a-f]+, pid \d+, node [\d.]+, envs \d+\.\.\d+\)"
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(
     "placement, named",
     [

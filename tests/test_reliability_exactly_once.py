@@ -53,6 +53,7 @@ VECTOR_ENVS_AND_PLACEMENTS = [
 ]
 
 
+@pytest.mark.ray(prefetch=(3,), mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.parametrize("cls, placement", VECTOR_ENVS_AND_PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
@@ -97,6 +98,7 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls, placement):
             assert BATCHES * T - count == resets
 
 
+@pytest.mark.ray(prefetch=(3,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 def test_no_row_mixes_two_weight_versions(prefetch, placement):

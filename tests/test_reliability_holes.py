@@ -134,6 +134,7 @@ def replace_weights(policy: LayerPolicy, how: str) -> None:
         raise AssertionError(how)
 
 
+@pytest.mark.ray(how=("load_state_dict-assign",))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("how", ["load_state_dict-assign", "new-submodule", "new-parameter", "new-shape"])
 def test_replaced_policy_parameters_are_followed_or_named(how, placement):
@@ -482,6 +483,7 @@ def async_envs_where_warnings_are_errors(num_envs: int, start_index: int = 0) ->
     return faulty_vec(num_envs, start_index, cls=AsyncVectorEnv, faulty_index=1, fault="step_raises", at=7)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_async_env_error_reaches_consumer_when_warnings_are_errors(placement):
     """gymnasium reports a worker's exception with warnings.warn before raising it; under -W error (this
