@@ -38,7 +38,7 @@ from reliability_envs import (
 )
 from test_collector import SpacesEnv
 from test_process import deterministic_cartpole_policy
-from test_reliability_holes import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
+from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
 from torch_rollout import Collector
 from torch_rollout._envs import RemoteTraceback
 

@@ -20,7 +20,6 @@ RELIABILITY_MODULES = [
     "test_consumer_interrupts.py",
     "test_exactly_once.py",
     "test_hostile_inputs.py",
-    "test_reliability_holes.py",
     "test_resource_leaks.py",
 ]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
