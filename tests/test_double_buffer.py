@@ -42,6 +42,7 @@ def assert_same_batches(got, expected):
             assert torch.equal(a[key], e[key]), f"batch {b}, key {key}"
 
 
+@pytest.mark.ray(prefetch=(1,))
 @pytest.mark.parametrize("prefetch", [0, 1, 3], ids=lambda p: f"prefetch{p}")
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_batches_are_those_of_one_vector_env(placement, prefetch):

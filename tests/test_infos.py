@@ -73,6 +73,7 @@ def collect(placement: dict, mode: AutoresetMode, **kwargs: Any) -> list:
         return [batch.clone() for batch in collector]
 
 
+@pytest.mark.ray(mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
 def test_infos_are_those_of_each_rows_step(mode, placement):

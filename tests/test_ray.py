@@ -1,9 +1,10 @@
 """The Ray placement: what only Ray actors can get wrong (the object store, deaths, restarts, whose Ray it is).
 
-The batch contract itself (exactly once, weight versions, lag, spaces) is tested
-for every placement, Ray included, by the parametrized tests of the other
-modules. These tests run against a real local Ray of 2 CPUs, started once for
-the session (``placements.local_ray``).
+The batch contract itself (exactly once, weight versions, lag, spaces, the same
+batches as the thread) and errors raised in a worker are tested for every
+placement, Ray included, by the parametrized tests of the other modules. These
+tests run against a real local Ray of 2 CPUs, started once for the session
+(``placements.local_ray``).
 """
 
 from __future__ import annotations
@@ -15,30 +16,22 @@ import subprocess
 import sys
 import textwrap
 import threading
-from functools import partial
 from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
-from gymnasium.vector import SyncVectorEnv
-from tensordict import TensorDict
 
 from placements import local_ray
 from reliability_envs import (
     ConstantPolicy,
     CountingPolicy,
-    EnvFault,
-    PolicyFault,
-    RaisingPolicy,
     counting_vec,
     take,
     wait_until,
 )
-from test_collector import SpacesEnv
-from test_process import deterministic_cartpole_policy
-from test_reliability_holes import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
+from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
 from torch_rollout import Collector, Ray, gym_envs
 from torch_rollout._envs import RemoteTraceback
 
@@ -72,55 +65,7 @@ class PidPolicy(CountingPolicy):
         return {**super().forward(obs), "pid": torch.full((obs.shape[0],), os.getpid())}
 
 
-# -- the same batches, through the object store -------------------------------------------------
-
-
-def test_same_batches_as_the_thread():
-    """Env ``j`` is seeded ``seed + j`` on Ray too: a deterministic policy sees the same episodes as on the thread."""
-    recipe = partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")
-    results = {}
-    for name, backend in [("thread", "thread"), ("ray", Ray(3))]:
-        with Collector(
-            recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
-            seed=11, device="cpu", backend=backend, prefetch=1, timeout=TIMEOUT,
-        ) as collector:  # fmt: skip
-            results[name] = torch.cat(list(collector))
-    reference = results["thread"]
-    assert reference["done"].any()
-    for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return", "mask"):
-        assert torch.equal(results["ray"][name], reference[name]), name
-
-
-class DictObsPolicy(torch.nn.Module):
-    """Action 3, a value from the Dict observation, and an output in a dtype NumPy lacks (bfloat16)."""
-
-    def forward(self, obs: TensorDict) -> dict[str, torch.Tensor]:
-        n = obs.shape[0]
-        value = obs["image"].float().mean(dim=(1, 2, 3)) + obs["index"].float()
-        return {"action": torch.full((n,), 3), "value": value, "half": value.to(torch.bfloat16)}
-
-
-def spaces_envs(num_envs: int) -> SyncVectorEnv:
-    return SyncVectorEnv([partial(SpacesEnv, gymnasium.spaces.Discrete(4)) for _ in range(num_envs)])
-
-
-def test_dict_observations_and_any_dtype_travel_and_batches_are_writable_copies():
-    with Collector(
-        spaces_envs, DictObsPolicy(), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
-        backend=Ray(2), timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
-        batches = list(collector)
-    for batch in batches:
-        obs = batch["obs"]
-        assert isinstance(obs, TensorDict) and obs.batch_size == torch.Size([6, 3])
-        assert obs["image"].dtype == torch.uint8 and obs["bits"].dtype == torch.int8
-        real = batch[batch["mask"]]
-        assert (real["obs", "image"][:, 0, 0, 0].long() % 5 == real["obs", "index"]).all()
-        truncated = batch["truncated"]
-        torch.testing.assert_close(batch["next_value"][truncated], torch.full((int(truncated.sum()),), 8.0))
-        assert batch["half"].dtype == torch.bfloat16 and torch.equal(batch["half"], batch["value"].to(torch.bfloat16))
-    batches[0]["obs", "image"].add_(1)  # not the object store's read-only memory
-    batches[0]["reward"].mul_(2)
+# -- weights through the object store -----------------------------------------------------------
 
 
 def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
@@ -148,20 +93,6 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
 
 
 # -- errors and deaths -----------------------------------------------------------------------------
-
-
-def test_policy_error_reaches_next():
-    with pytest.raises(PolicyFault, match=re.escape("policy call 6 failed")) as info:
-        with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, backend="ray", timeout=TIMEOUT) as c:
-            list(take(c))
-    assert "in forward" in str(info.value.__cause__)
-    assert re.search(WORKER, str(info.value.__cause__))
-
-
-def test_error_while_building_envs_is_raised_by_the_constructor():
-    with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), num_envs=2, num_steps=4, backend="ray",
-                  timeout=TIMEOUT)  # fmt: skip
 
 
 def test_killed_worker_is_named():
@@ -281,7 +212,7 @@ sys.path.insert(0, {tests!r})
 import ray
 from test_ray import PidPolicy
 from reliability_envs import counting_vec
-from torch_rollout import Collector, Ray
+from torch_rollout import Collector
 
 if __name__ == "__main__":
     assert not ray.is_initialized()

@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as written, each as a script of its own in a fresh interpreter."""
+"""README.md says what is true: every ```python block runs as written (each as a script of its own in a fresh
+interpreter), and the Reliability table names the reliability tests, all of them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The modules whose every test proves a row of the Reliability table (README.md, or docs/reliability.md).
+RELIABILITY_MODULES = [
+    "test_background_faults.py",
+    "test_consumer_interrupts.py",
+    "test_exactly_once.py",
+    "test_hostile_inputs.py",
+    "test_resource_leaks.py",
+]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -56,3 +65,31 @@ def test_readme_python_block_runs(line, code, tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where} did not finish within 180 s")
     assert result.returncode == 0, f"{where} failed (exit code {result.returncode}):\n{result.stderr[-3000:]}"
+
+
+def reliability_tests() -> set[str]:
+    names = set()
+    for module in RELIABILITY_MODULES:
+        tree = ast.parse((ROOT / "tests" / module).read_text())
+        functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+        names |= {node.name for node in functions if node.name.startswith("test_")}
+    return names
+
+
+def table_names() -> set[str]:
+    """Test names in backticks in the README's Reliability table."""
+    names = set()
+    for path in (ROOT / "docs" / "reliability.md", README):
+        if path.exists():
+            text = path.read_text()
+            if "## Reliability" in text:
+                section = text.split("## Reliability", 1)[1].split("\n## ", 1)[0]
+                names |= set(re.findall(r"`(test_\w+)`", section))
+    return names
+
+
+def test_reliability_table_matches_the_tests():
+    documented, existing = table_names(), reliability_tests()
+    assert documented, "no Reliability table found in README.md"
+    assert documented - existing == set(), "the table names tests that do not exist"
+    assert existing - documented == set(), "tests missing from the table"

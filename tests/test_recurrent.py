@@ -56,6 +56,7 @@ def true_next_obs(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------- recurrent state
 
 
+@pytest.mark.ray(policy_cls=(StepCountingValuePolicy,), mode=(AutoresetMode.SAME_STEP,), prefetch=(1,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
