@@ -39,6 +39,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _PACKAGES = ("torch", "tensordict", "gymnasium", "numpy", "torchrl", "stable-baselines3", "rlox", "envpool")
 
 
+def placement(backend: str, num_workers: int = 1) -> Any:
+    """The Collector's ``backend`` for a benchmark's name and worker count: a name, or Processes/Ray of K workers."""
+    from torch_rollout import Processes, Ray
+
+    if backend == "process":
+        return Processes(num_workers)
+    if backend == "ray":
+        return Ray(num_workers)
+    return backend
+
+
+def advantages(gamma: float, gae_lambda: float) -> Any:
+    """The Collector's ``gae`` argument (torch_rollout.GAE; TorchRL's class of that name is imported as GAE here)."""
+    from torch_rollout import GAE
+
+    return GAE(gamma, gae_lambda)
+
+
 def quiet_warnings() -> None:
     """Silences the peers' deprecation and gymnasium precision warnings, which would drown the tables."""
     warnings.filterwarnings("ignore")

@@ -56,9 +56,11 @@ from torch import nn
 
 from _common import (
     Session,
+    advantages,
     fmt_rate,
     machine_info,
     markdown_table,
+    placement,
     quiet_warnings,
     run_interleaved,
     summarize,
@@ -185,8 +187,8 @@ class TorchRollout:
 
         self.collector = Collector(
             envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS), _policy(state, seed), num_steps=num_steps,
-            num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu", prefetch=prefetch, seed=seed,
-            backend=backend, num_workers=num_workers, compile_policy=compile_policy,
+            num_envs=num_envs, gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed,
+            backend=placement(backend, num_workers), compile_policy=compile_policy,
         )  # fmt: skip
         self.batches = iter(self.collector)
 

@@ -38,10 +38,12 @@ import torch
 from _common import (
     ActorCritic,
     Session,
+    advantages,
     fmt_rate,
     machine_info,
     make_policy,
     markdown_table,
+    placement,
     quiet_warnings,
     run_interleaved,
     summarize,
@@ -109,8 +111,8 @@ class TorchRollout:
             )
         self.collector = Collector(
             envs, _policy(state, seed), num_steps=num_steps, num_envs=None if self.envs is not None else num_envs,
-            gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu", prefetch=prefetch, seed=seed, backend=backend,
-            num_workers=num_workers,
+            gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed,
+            backend=placement(backend, num_workers),
         )  # fmt: skip
         self.batches = iter(self.collector)
 

@@ -37,6 +37,7 @@ import gymnasium as gym
 import torch
 
 from _common import (
+    advantages,
     Session,
     fmt_rate,
     machine_info,
@@ -77,7 +78,7 @@ class Collecting:
             envs = sync_recipe()
         self.collector = Collector(
             envs, _policy(state, seed), num_steps=num_steps, num_envs=None if self.envs is not None else num_envs,
-            gamma=GAMMA, gae_lambda=GAE_LAMBDA, device="cpu", prefetch=prefetch, seed=seed, backend=backend,
+            gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed, backend=backend,
             compile_policy=compile_policy,
         )  # fmt: skip
         self.batches = iter(self.collector)

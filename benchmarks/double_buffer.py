@@ -82,7 +82,7 @@ def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str
             lambda: HandDoubleBuffered(env_id, num_envs)
         ),
         "Collector thread prefetch=0, SyncVectorEnv": lambda: Collecting(env_id, num_envs, False),
-        "Collector thread prefetch=0, double_buffer=True": lambda: Collecting(env_id, num_envs, True),
+        "Collector thread prefetch=0, double_buffered": lambda: Collecting(env_id, num_envs, True),
         # Both cores stepping envs the other way: two worker processes, each with its half and its policy copy.
         "Collector process K=2 prefetch=1, SyncVectorEnv": lambda: Collecting(
             env_id, num_envs, backend="process", num_workers=2, prefetch=1

@@ -34,7 +34,16 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from _common import ActorCritic, fmt_rate, machine_info, markdown_table, run_interleaved, write_json
+from _common import (
+    ActorCritic,
+    advantages,
+    fmt_rate,
+    machine_info,
+    markdown_table,
+    placement,
+    run_interleaved,
+    write_json,
+)
 from gae import BYTES_PER_ELEMENT, GAE_LAMBDA, GAMMA, make_transitions
 
 __all__ = ["run", "to_markdown"]
@@ -59,8 +68,8 @@ class Collecting:
         self.device = torch.device(device)
         self.collector = Collector(
             envs, _policy(hidden).to(device), num_steps=NUM_STEPS, num_envs=None if backend == "thread" else NUM_ENVS,
-            gamma=GAMMA, gae_lambda=GAE_LAMBDA, device=device, prefetch=prefetch, seed=0, backend=backend,
-            num_workers=num_workers,
+            gae=advantages(GAMMA, GAE_LAMBDA), device=device, prefetch=prefetch, seed=0,
+            backend=placement(backend, num_workers),
         )  # fmt: skip
         self.owned = envs if backend == "thread" else None
         self.batches = iter(self.collector)

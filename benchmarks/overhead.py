@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _common import fmt_rate, make_policy, quiet_warnings, run_interleaved
+from _common import fmt_rate, make_policy, placement, quiet_warnings, run_interleaved
 from envpool_async import GaussianActorCritic
 
 CASES = (("CartPole-v1", 8), ("CartPole-v1", 64), ("HalfCheetah-v5", 16))
@@ -118,17 +118,20 @@ class Collecting:
     """``Collector(backend="thread", prefetch=0)`` (or ``placement``) given the env id: a SyncVectorEnv, or two
     AsyncVectorEnv groups."""
 
-    def __init__(self, env_id: str, num_envs: int, double_buffer: bool = False, **placement: Any) -> None:
-        from torch_rollout import Collector
+    def __init__(
+        self, env_id: str, num_envs: int, double_buffer: bool = False, *, backend: str = "thread", num_workers: int = 1,
+        prefetch: int = 0,
+    ) -> None:
+        from torch_rollout import Collector, double_buffered, gym_envs
 
         probe = _envs(env_id, 1)
         policy = _policy(probe)
         probe.close()
-        placement = {"backend": "thread", "prefetch": 0, **placement}
+        envs = double_buffered(env_id) if double_buffer else gym_envs(env_id, vectorization_mode="sync")
         self.collector = Collector(
-            env_id, policy, num_envs=num_envs, num_steps=NUM_STEPS, double_buffer=double_buffer,
-            env_kwargs=None if double_buffer else {"vectorization_mode": "sync"}, device="cpu", seed=0, **placement,
-        )  # fmt: skip
+            envs, policy, num_envs=num_envs, num_steps=NUM_STEPS, device="cpu", seed=0,
+            backend=placement(backend, num_workers), prefetch=prefetch,
+        )
         self.batches = iter(self.collector)
         self.frames = NUM_STEPS * num_envs
 

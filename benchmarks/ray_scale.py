@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _common import fmt_rate, machine_info, make_policy, markdown_table, run_interleaved, write_json
+from _common import fmt_rate, machine_info, make_policy, markdown_table, placement, run_interleaved, write_json
 from torch_rollout import Collector
 
 T, N = 32, 16
@@ -103,7 +103,7 @@ def collector(backend: str, k: int, *, num_envs: int, prefetch: int | None, step
         return Collector(recipe(num_envs), policy, num_steps=T, device="cpu", seed=0, prefetch=prefetch,
                          backend="thread")  # fmt: skip
     return Collector(recipe, policy, num_envs=num_envs, num_steps=T, device="cpu", seed=0, prefetch=prefetch,
-                     backend=backend, num_workers=k)  # fmt: skip
+                     backend=placement(backend, k))  # fmt: skip
 
 
 def throughput(args: argparse.Namespace) -> dict[str, list[float]]:

@@ -41,7 +41,7 @@ from tensordict import TensorDict
 from torch.distributions import Categorical, Distribution, Independent, Normal
 from tqdm import tqdm
 
-from torch_rollout import Collector
+from torch_rollout import GAE, BatchKeys, Collector, Processes, Ray
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartpole.yaml"
 
@@ -174,6 +174,17 @@ def load_config(
 
 
 # ---------------------------------------------------------------------------- environments
+
+
+def placement(cfg: Config) -> str | Processes | Ray:
+    """The collector's backend: the config's name, with its worker count for processes and Ray."""
+    if cfg.backend == "process":
+        return Processes(cfg.num_workers)
+    if cfg.backend == "ray":
+        return Ray(cfg.num_workers)
+    if cfg.num_workers != 1:
+        raise ConfigError(f"num_workers={cfg.num_workers} needs backend=process or backend=ray, got {cfg.backend}")
+    return cfg.backend
 
 
 def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vector.VectorEnv:
@@ -434,11 +445,11 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         mininterval=1 if sys.stderr.isatty() else 30,
     )  # fmt: skip
     collector = Collector(
-        envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+        envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gae=GAE(cfg.gamma, cfg.gae_lambda),
         device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
-        backend=cfg.backend, num_workers=cfg.num_workers, initial_state=agent.initial_state if recurrent else None,
+        backend=placement(cfg), initial_state=agent.initial_state if recurrent else None,
         # the env's own returns, beneath NormalizeReward (see make_envs); else episode_return is that
-        info_keys=("episode",) if cfg.normalize_reward else None,
+        keys=BatchKeys(info_keys=("episode",) if cfg.normalize_reward else None),
     )  # fmt: skip
     if resume is not None:
         # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)

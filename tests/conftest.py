@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 import signal
 from typing import Any
 
 import pytest
 
-from placements import stop_local_ray
+from placements import on_ray, stop_local_ray
 
 # A shell that starts a job in the background without job control (`make test &`, `nohup ... &`) starts it
 # with SIGINT ignored, and an ignored signal stays ignored across exec: the tests that press Ctrl-C on a child
@@ -17,48 +16,94 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A Ray actor starts in a fresh interpreter that imports torch and tensordict (seconds of CPU each), where a
-# worker process forks from a preloaded server. So the parametrized tests run on Ray only where Ray's own
-# code is at stake (weights riding with requests, shares concatenated in order, errors and their env
-# indices coming back from actors, AsyncVectorEnv inside an actor), in these combinations (test ->
-# parameter -> the values kept); the trainer-side logic they share is tested on the local placements
-# (left out here as the same code on every placement: the loop's finite checks, and a replaced
-# parameter of a new shape, which the trainer refuses).
-RAY_RUNS: dict[str, dict[str, tuple[Any, ...]]] = {
-    "test_every_transition_once_and_in_order": {"prefetch": (3,), "mode": ("NextStep",)},
-    "test_no_row_mixes_two_weight_versions": {"prefetch": (3,)},
-    "test_update_policy_refreshes_mid_iteration": {},
-    "test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own": {},
-    "test_replaced_policy_parameters_are_followed_or_named": {"how": ("load_state_dict-assign",)},
-    "test_async_env_error_reaches_consumer_when_warnings_are_errors": {},
-    "test_cuda_batches_match_cpu": {"prefetch": (1,), "mode": ("NextStep",)},
-    "test_a_resumed_collector_counts_on_and_continues_the_seed_stream": {},
-    "test_state_counts_steps_since_episode_start_on_every_row": {
-        "policy_cls": ("StepCountingValuePolicy",), "mode": ("SameStep",), "prefetch": (1,),
-    },
-    "test_infos_are_those_of_each_rows_step": {"mode": ("NextStep",)},
-    "test_env_error_in_a_worker_reaches_next_with_its_traceback": {},
-    "test_batches_are_those_of_one_vector_env": {"prefetch": (1,)},
-}
+# worker process forks from a preloaded server. So a test parametrized over the placements runs on Ray only
+# where Ray's own code is at stake (weights riding with requests, shares concatenated in order, errors and
+# their env indices coming back from actors, AsyncVectorEnv inside an actor), and says so itself:
+#
+#     @pytest.mark.ray(prefetch=(3,), mode=(AutoresetMode.NEXT_STEP,))
+#
+# runs it on Ray for those values of those parameters only (any value of the others); a bare
+# @pytest.mark.ray runs every combination there; without the marker it is skipped on Ray. The
+# trainer-side logic the placements share stays on the local ones (the loop's finite checks, and a
+# replaced parameter of a new shape, which the trainer refuses). A marker that names a parameter the
+# test lacks, or a value none of its parameters takes, is a collection error: a typo cannot drop a test.
+LEFT_TO_LOCAL = "left to the local placements on Ray (its actors take seconds to start)"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(reason="left to the local placements on Ray (its actors take seconds to start)")
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is None or callspec.params.get("placement", {}).get("backend") != "ray":
-            continue
-        kept = RAY_RUNS.get(item.originalname)
-        if kept is None or any(
-            str(_value(callspec.params.get(name))) not in map(str, values) for name, values in kept.items()
-        ):
-            item.add_marker(skip)
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    collected = yield
+    if isinstance(collected, list):  # a test function's items, one per combination of its parameters
+        _keep_on_ray(collector, [item for item in collected if isinstance(item, pytest.Function)])
+    return collected
 
 
-def _value(param: Any) -> Any:
-    """A parameter as the table names it: an enum (an autoreset mode) by its value, a class by its name."""
-    if isinstance(param, type):
-        return param.__name__
-    return param.value if isinstance(param, enum.Enum) else param
+def _keep_on_ray(collector: pytest.Collector, items: list[pytest.Function]) -> None:
+    """Skips the items of one test function on the Ray placement, except those its ``ray`` marker keeps."""
+    on_ray = [item for item in items if _on_ray(item)]
+    marker = items[0].get_closest_marker("ray") if items else None
+    if marker is None:
+        for item in on_ray:
+            item.add_marker(pytest.mark.skip(reason=f"{LEFT_TO_LOCAL}; @pytest.mark.ray runs a test there"))
+        return
+    kept = _check_marker(collector, items[0].originalname, marker, on_ray)
+    for item in on_ray:
+        params = item.callspec.params
+        if not all(any(_same(value, params[name]) for value in values) for name, values in kept.items()):
+            item.add_marker(pytest.mark.skip(reason=f"{LEFT_TO_LOCAL}; its @pytest.mark.ray keeps {kept}"))
+
+
+def _check_marker(
+    collector: pytest.Collector, test: str, marker: pytest.Mark, on_ray: list[pytest.Function]
+) -> dict[str, tuple[Any, ...]]:
+    """The marker's ``{parameter: values}``, or a collection error that says what in it the test does not have."""
+    where = f"{test}: @pytest.mark.ray"
+    if marker.args:
+        raise collector.CollectError(
+            f"{where} takes keyword arguments only, parameter=(values, ...), got positional {marker.args!r}"
+        )
+    if not on_ray:
+        raise collector.CollectError(
+            f"{where} is given, but the test never runs on the Ray placement: parametrize it over "
+            "placements.PLACEMENTS, or remove the marker"
+        )
+    names = sorted({name for item in on_ray for name in item.callspec.params if name != "placement"})
+    for name, values in marker.kwargs.items():
+        if not isinstance(values, tuple | list) or not values:
+            raise collector.CollectError(
+                f"{where}({name}={values!r}): give the values to keep as a non-empty tuple, e.g. {name}=({values!r},)"
+            )
+        if name not in names:
+            raise collector.CollectError(
+                f"{where}({name}=...) names a parameter the test does not have on Ray; it has {names}"
+            )
+        taken = _unique(item.callspec.params[name] for item in on_ray)
+        for value in values:
+            if not any(_same(value, param) for param in taken):
+                raise collector.CollectError(
+                    f"{where}({name}={tuple(values)!r}): {value!r} is not a value of {name!r}, which takes {taken!r}"
+                )
+    return {name: tuple(values) for name, values in marker.kwargs.items()}
+
+
+def _on_ray(item: pytest.Function) -> bool:
+    """Whether the item's ``placement`` parameter (Collector keyword arguments) puts the collection on Ray."""
+    callspec = getattr(item, "callspec", None)
+    placement = callspec.params.get("placement") if callspec is not None else None
+    return isinstance(placement, dict) and on_ray(placement)
+
+
+def _same(value: Any, param: Any) -> bool:
+    """A marker's value names a parameter's value: equal and of the same type (3 is not 3.0 or True)."""
+    return value is param or (type(value) is type(param) and bool(value == param))
+
+
+def _unique(params: Any) -> list[Any]:
+    unique: list[Any] = []
+    for param in params:
+        if not any(_same(param, seen) for seen in unique):
+            unique.append(param)
+    return unique
 
 
 @pytest.fixture(autouse=True, scope="session")

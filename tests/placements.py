@@ -11,21 +11,34 @@ from typing import Any
 import pytest
 from gymnasium.vector import VectorEnv
 
-__all__ = ["LOCAL_PLACEMENTS", "PLACEMENTS", "envs_for", "local_ray"]
+from torch_rollout import Processes, Ray
+
+__all__ = ["LOCAL_PLACEMENTS", "PLACEMENTS", "envs_for", "local_ray", "num_loops", "on_ray"]
 
 _NO_RAY = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'torch_rollout[ray]')"
 )
+def on_ray(placement: dict[str, Any]) -> bool:
+    """Whether a placement's collection runs on Ray."""
+    return isinstance(placement.get("backend"), Ray)
+
+
+def num_loops(placement: dict[str, Any]) -> int:
+    """Collection loops (vector envs) of a placement: the thread's one, or one per worker."""
+    backend = placement.get("backend")
+    return backend.num_workers if isinstance(backend, (Processes, Ray)) else 1
+
+
 # Collector keyword arguments of each placement: the thread, one worker process, two of them, two Ray actors.
 PLACEMENTS = [
     pytest.param({"backend": "thread"}, id="thread"),
-    pytest.param({"backend": "process", "num_workers": 1}, id="process1"),
-    pytest.param({"backend": "process", "num_workers": 2}, id="process2"),
-    pytest.param({"backend": "ray", "num_workers": 2}, id="ray2", marks=_NO_RAY),
+    pytest.param({"backend": Processes(1)}, id="process1"),
+    pytest.param({"backend": Processes(2)}, id="process2"),
+    pytest.param({"backend": Ray(2)}, id="ray2", marks=_NO_RAY),
 ]
 # Placements whose envs run on this machine and see its shared memory (torch's share_memory_() tensors):
 # for tests that talk to the envs through it. Ray sends its workers copies.
-LOCAL_PLACEMENTS = [param for param in PLACEMENTS if param.values[0]["backend"] != "ray"]
+LOCAL_PLACEMENTS = [param for param in PLACEMENTS if not on_ray(param.values[0])]
 
 _started_ray = False
 
@@ -67,6 +80,6 @@ def envs_for(placement: dict[str, Any], make_envs: Callable[..., VectorEnv], num
     """
     if placement["backend"] == "thread":
         return make_envs(num_envs), {}
-    if placement["backend"] == "ray":
+    if on_ray(placement):
         local_ray()
     return make_envs, {"num_envs": num_envs}

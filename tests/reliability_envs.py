@@ -40,8 +40,10 @@ __all__ = [
     "SlowReadPolicy",
     "Snapshot",
     "child_pids",
+    "close_envs",
     "collect_error",
     "collector_threads",
+    "copy_reason",
     "counting_vec",
     "faulty_fns",
     "faulty_vec",
@@ -441,6 +443,20 @@ def rss_bytes() -> int:
 def os_threads() -> int:
     """Threads of this process as the kernel counts them (Python's and native ones)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def copy_reason(placement: dict[str, Any], prefetch: int) -> tuple[str, str]:
+    """How errors about the collector's copy of the policy name why it exists, and how to act without one."""
+    backend = placement["backend"]
+    if backend != "thread":  # Processes(K) or Ray(K)
+        return f"backend={backend.name!r}", "backend='thread' with prefetch=0"
+    return f"prefetch={prefetch}", "prefetch=0"
+
+
+def close_envs(envs: Any) -> None:
+    """Closes the vector env a test gave the thread; worker processes close the envs they built themselves."""
+    if isinstance(envs, VectorEnv):
+        envs.close()
 
 
 def collect_error(envs: Any, policy: nn.Module | None = None, **kwargs: Any) -> pytest.ExceptionInfo:

@@ -14,7 +14,7 @@ from torch import nn
 from async_pool import AsyncCountingPool, make_async_counting_pool
 from counting_env import CountingEnv, CountingPolicy, value_fn
 from recurrent_policies import StepCountingPolicy, steps_state
-from torch_rollout import Collector
+from torch_rollout import BatchKeys, Collector, Processes
 
 # (num_envs, batch_size, num_steps, lag of env 0): envs of equal speed; a slow env 0, whose batch ends many
 # rows after the others' (their rows of the next batches carried over); T=1, where every row ends a batch;
@@ -110,7 +110,7 @@ def test_recurrent_state_goes_with_each_env():
 
 def test_infos_are_those_of_each_rows_step():
     pool = AsyncCountingPool(4, 2, lag=3)
-    batches = collect(pool, CountingPolicy(deterministic=True), num_batches=3, num_steps=4, info_keys=("elapsed_step",))
+    batches = collect(pool, CountingPolicy(deterministic=True), num_batches=3, num_steps=4, keys=BatchKeys(info_keys=("elapsed_step",)))
     for batch in batches:
         real = batch["mask"]
         # elapsed_step is the env's step in its episode after the row's step; reset rows' infos are masked out.
@@ -169,7 +169,7 @@ def test_async_pools_in_worker_processes_give_exact_rows():
     recipe = partial(make_async_counting_pool, batch_size=2, lag=3)
     with Collector(
         recipe, CountingPolicy(deterministic=True), num_envs=6, num_steps=4, total_timesteps=6 * 4 * 3,
-        backend="process", num_workers=1, device="cpu",
+        backend=Processes(1), device="cpu",
     ) as collector:  # fmt: skip
         batches = list(collector)
     rows = torch.cat(batches)  # [3 * T, 6], each env's rows in order
@@ -209,7 +209,7 @@ def test_envpool_async_batches_equal_sync_ones_env_by_env(prefetch):
     for batch_size in (N, 3):
         envs = envpool.make_gymnasium("CartPole-v1", num_envs=N, batch_size=batch_size, seed=1)
         runs[batch_size] = collect(
-            envs, policy, num_batches=4, num_steps=T, prefetch=prefetch, info_keys=("elapsed_step",)
+            envs, policy, num_batches=4, num_steps=T, prefetch=prefetch, keys=BatchKeys(info_keys=("elapsed_step",))
         )
         envs.close()
     for sync, async_ in zip(*runs.values()):

@@ -17,18 +17,20 @@ from torch import nn
 
 from counting_env import CountingPolicy, make_counting_envs, value_fn
 from placements import PLACEMENTS, envs_for
-from torch_rollout import Collector
+from test_process import deterministic_cartpole_policy
+from torch_rollout import GAE, Collector
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 MODE_IDS = ["next_step", "same_step", "disabled"]
 GAMMA, LAMBDA = 0.9, 0.8
+TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 
 
 def collect(envs, policy, *, num_steps, num_batches, prefetch, **kwargs):
     total = num_steps * envs.num_envs * num_batches
     with Collector(
         envs, policy, num_steps=num_steps, total_timesteps=total, prefetch=prefetch, device="cpu",
-        gamma=GAMMA, gae_lambda=LAMBDA, seed=0, **kwargs,
+        gae=GAE(GAMMA, LAMBDA), seed=0, **kwargs,
     ) as collector:
         batches = list(collector)
     assert len(batches) == num_batches
@@ -239,6 +241,33 @@ def test_tensordict_module_policy():
     envs.close()
 
 
+# -- the same batches on every placement ------------------------------------------------------
+
+
+@pytest.mark.ray(prefetch=(1,))
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("prefetch", [0, 1, 2], ids=lambda p: f"prefetch{p}")
+def test_every_placement_gives_the_batches_of_the_lockstep_thread(prefetch, placement):
+    """Env ``j`` is seeded ``seed + j`` wherever it runs: a deterministic policy sees the same episodes."""
+    recipe = partial(gym.make_vec, "CartPole-v1", vectorization_mode="sync")
+
+    def run(placement: dict, prefetch: int) -> TensorDict:
+        envs, extra = envs_for(placement, recipe, 6)
+        with Collector(
+            envs, deterministic_cartpole_policy(), num_steps=40, total_timesteps=6 * 40 * 3, seed=11, device="cpu",
+            prefetch=prefetch, timeout=TIMEOUT, **placement, **extra,
+        ) as collector:  # fmt: skip
+            batches = torch.cat(list(collector))
+        if not extra:
+            envs.close()
+        return batches
+
+    reference, batches = run({"backend": "thread"}, 0), run(placement, prefetch)
+    assert reference["done"].any()
+    for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return", "mask"):
+        assert torch.equal(batches[name], reference[name]), name
+
+
 # -- weights and versions ----------------------------------------------------------------------
 
 
@@ -286,6 +315,7 @@ def test_no_torn_weights_and_bounded_lag_while_trainer_updates(prefetch, placeme
         envs.close()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_update_policy_refreshes_mid_iteration(placement):
     policy = VersionProbe()
@@ -315,6 +345,7 @@ class ThreadsProbe(nn.Module):
         return {"action": torch.zeros(n, dtype=torch.long), "threads": torch.full((n,), torch.get_num_threads())}
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own(placement):
     """Two OpenMP teams on one machine spin against each other: the collector takes one thread, nothing else."""
@@ -423,6 +454,45 @@ def test_spaces(action_space, make_action, mode):
     envs.close()
 
 
+class DictObsPolicy(nn.Module):
+    """Action 3, a value from the Dict observation, and an output in a dtype NumPy lacks (bfloat16)."""
+
+    def forward(self, obs: TensorDict) -> dict[str, torch.Tensor]:
+        n = obs.shape[0]
+        value = obs["image"].float().mean(dim=(1, 2, 3)) + obs["index"].float()
+        return {"action": torch.full((n,), 3), "value": value, "half": value.to(torch.bfloat16)}
+
+
+def spaces_envs(num_envs: int) -> SyncVectorEnv:
+    return SyncVectorEnv([partial(SpacesEnv, gym.spaces.Discrete(4)) for _ in range(num_envs)])
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_dict_observations_and_any_dtype_travel_and_batches_are_writable_copies(placement):
+    envs, extra = envs_for(placement, spaces_envs, 3)
+    with Collector(
+        envs, DictObsPolicy(), num_steps=6, total_timesteps=3 * 6 * 2, device="cpu", timeout=TIMEOUT,
+        **placement, **extra,
+    ) as collector:  # fmt: skip
+        batches = list(collector)
+    if not extra:
+        envs.close()
+    for batch in batches:
+        obs = batch["obs"]
+        assert isinstance(obs, TensorDict) and obs.batch_size == torch.Size([6, 3])
+        assert obs["image"].dtype == torch.uint8 and obs["bits"].dtype == torch.int8
+        real = batch[batch["mask"]]
+        assert (real["obs", "image"][:, 0, 0, 0].long() % 5 == real["obs", "index"]).all()
+        truncated = batch["truncated"]
+        torch.testing.assert_close(batch["next_value"][truncated], torch.full((int(truncated.sum()),), 8.0))
+        assert batch["half"].dtype == torch.bfloat16 and torch.equal(batch["half"], batch["value"].to(torch.bfloat16))
+    assert not batches[0]["obs", "image"].is_shared()  # delivered batches are copies, not the worker's slots
+    batches[0]["obs", "image"].add_(1)  # nor the object store's read-only memory
+    batches[0]["reward"].mul_(2)
+
+
+@pytest.mark.ray(prefetch=(1,), mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
@@ -433,7 +503,7 @@ def test_cuda_batches_match_cpu(mode, prefetch, placement):
         envs, extra = envs_for(placement, partial(make_counting_envs, mode=mode), 3)
         policy = CountingPolicy(deterministic=True).to(device)
         with Collector(envs, policy, num_steps=5, total_timesteps=5 * 3 * 4, prefetch=prefetch,
-                       device=device, gamma=GAMMA, gae_lambda=LAMBDA, **placement, **extra) as collector:
+                       device=device, gae=GAE(GAMMA, LAMBDA), **placement, **extra) as collector:
             results[device] = torch.cat(list(collector))
         if not extra:
             envs.close()

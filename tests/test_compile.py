@@ -12,12 +12,12 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from counting_env import make_counting_envs
-from placements import LOCAL_PLACEMENTS, envs_for
+from placements import LOCAL_PLACEMENTS, envs_for, num_loops
 from torch_rollout import Collector
 
 _torch_dynamo = pytest.importorskip("torch._dynamo")
 # The thread and one worker process: a second worker fails the same way (and costs seconds to start).
-ONE_LOOP_PLACEMENTS = [param for param in LOCAL_PLACEMENTS if param.values[0].get("num_workers", 1) == 1]
+ONE_LOOP_PLACEMENTS = [param for param in LOCAL_PLACEMENTS if num_loops(param.values[0]) == 1]
 
 
 class TwoScalePolicy(nn.Module):

@@ -104,3 +104,36 @@ def test_relative_link_resolves(page, target):
     if anchor:
         assert file.suffix == ".md", f"{page} links to {target}: an anchor into a file that is not markdown"
         assert anchor in anchors(file), f"{page} links to {target}, but {_name(file)} has no heading #{anchor}"
+
+
+# The modules whose every test proves a row of the Reliability table (docs/reliability.md).
+RELIABILITY_MODULES = [
+    "test_background_faults.py",
+    "test_consumer_interrupts.py",
+    "test_exactly_once.py",
+    "test_hostile_inputs.py",
+    "test_resource_leaks.py",
+]
+
+
+def reliability_tests() -> set[str]:
+    names = set()
+    for module in RELIABILITY_MODULES:
+        tree = ast.parse((ROOT / "tests" / module).read_text())
+        functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+        names |= {node.name for node in functions if node.name.startswith("test_")}
+    return names
+
+
+def reliability_table() -> set[str]:
+    """Test names in backticks in the Reliability table of docs/reliability.md."""
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    section = text.split("## Reliability", 1)[1].split("\n## ", 1)[0] if "## Reliability" in text else ""
+    return set(re.findall(r"`(test_\w+)`", section))
+
+
+def test_reliability_table_matches_the_tests():
+    documented, existing = reliability_table(), reliability_tests()
+    assert documented, "no Reliability table found in docs/reliability.md"
+    assert documented - existing == set(), "the table names tests that do not exist"
+    assert existing - documented == set(), "tests missing from the table"

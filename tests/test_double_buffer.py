@@ -1,4 +1,4 @@
-"""Double-buffered collection (``double_buffer=True``): two groups of AsyncVectorEnv, one stepping while the
+"""Double-buffered collection (``double_buffered(envs)``): two groups of AsyncVectorEnv, one stepping while the
 policy acts on the other; the batches must be those of one vector env, in every placement."""
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from counting_env import CountingEnv, CountingPolicy, make_async_counting_envs, make_counting_envs
-from placements import PLACEMENTS, local_ray
+from placements import PLACEMENTS, local_ray, on_ray
 from reliability_envs import ConstantPolicy, EnvFault, faulty_vec
-from torch_rollout import Collector, DoubleBufferedVectorEnv
+from torch_rollout import BatchKeys, Collector, DoubleBufferedVectorEnv, Processes, double_buffered, gym_envs
 
 TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 N, T, BATCHES = 4, 5, 4
-LOCAL = [param for param in PLACEMENTS if param.values[0]["backend"] != "ray"][:2]  # thread, process1
+LOCAL = [param for param in PLACEMENTS if not on_ray(param.values[0])][:2]  # thread, process1
 
 
 def collect(envs, placement, *, num_envs=N, batches=BATCHES, policy=None, **kwargs):
-    if placement["backend"] == "ray":
+    if on_ray(placement):
         local_ray()
     with Collector(
         envs, policy or CountingPolicy(deterministic=True), num_envs=num_envs, num_steps=T,
@@ -42,13 +42,14 @@ def assert_same_batches(got, expected):
             assert torch.equal(a[key], e[key]), f"batch {b}, key {key}"
 
 
+@pytest.mark.ray(prefetch=(1,))
 @pytest.mark.parametrize("prefetch", [0, 1, 3], ids=lambda p: f"prefetch{p}")
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_batches_are_those_of_one_vector_env(placement, prefetch):
     """Every transition once and in order, episode ends (terminated and truncated) across batch boundaries,
     bootstrap values, episode totals: all as CountingEnvs in one SyncVectorEnv give them."""
     expected = collect(partial(make_counting_envs, mode=AutoresetMode.NEXT_STEP), placement, prefetch=prefetch)
-    got = collect(make_async_counting_envs, placement, prefetch=prefetch, double_buffer=True)
+    got = collect(double_buffered(make_async_counting_envs), placement, prefetch=prefetch)
     assert_same_batches(got, expected)
     assert sum(int(batch["done"].sum()) for batch in got) >= 4  # episode ends were crossed
 
@@ -58,8 +59,8 @@ def test_an_env_id_is_made_async_and_every_env_gets_its_seed(placement):
     """CartPole by its id: the groups are AsyncVectorEnvs, and env j is reset with seed + j."""
     policy = CartPoleRecentre()
     kwargs = dict(num_envs=8, policy=policy, seed=11, batches=2)
-    expected = collect("CartPole-v1", placement, env_kwargs={"vectorization_mode": "sync"}, **kwargs)
-    got = collect("CartPole-v1", placement, double_buffer=True, **kwargs)
+    expected = collect(gym_envs("CartPole-v1", vectorization_mode="sync"), placement, **kwargs)
+    got = collect(double_buffered("CartPole-v1"), placement, **kwargs)
     assert_same_batches(got, expected)
     assert len(set(got[0]["obs"][0, :, 0].tolist())) == 8  # eight different seeds
 
@@ -72,18 +73,18 @@ class CartPoleRecentre(torch.nn.Module):
 def test_a_resumed_collector_continues_as_without_double_buffering():
     """load_state_dict reseeds the envs: the groups are drained of the steps left in flight, then reset."""
 
-    def resumed(**kwargs):
-        options = dict(num_envs=8, num_steps=T, device="cpu", seed=4, backend="thread", timeout=TIMEOUT, **kwargs)
-        with Collector("CartPole-v1", CartPoleRecentre(), **options) as first:
+    def resumed(envs):
+        options = dict(num_envs=8, num_steps=T, device="cpu", seed=4, backend="thread", timeout=TIMEOUT)
+        with Collector(envs, CartPoleRecentre(), **options) as first:
             next(first)
             next(first)
             state = first.state_dict()
-        with Collector("CartPole-v1", CartPoleRecentre(), **options) as second:
+        with Collector(envs, CartPoleRecentre(), **options) as second:
             second.load_state_dict(state)
             return [next(second), next(second)]
 
-    expected = resumed(env_kwargs={"vectorization_mode": "sync"})
-    assert_same_batches(resumed(double_buffer=True), expected)
+    expected = resumed(gym_envs("CartPole-v1", vectorization_mode="sync"))
+    assert_same_batches(resumed(double_buffered("CartPole-v1")), expected)
 
 
 class InfoCountingEnv(CountingEnv):
@@ -99,9 +100,9 @@ def info_envs(num_envs, start_index=0, cls=SyncVectorEnv):
 
 
 def test_infos_are_those_of_each_rows_step():
-    expected = collect(info_envs, {"backend": "thread"}, prefetch=1, info_keys=("t", "ended"))
-    got = collect(partial(info_envs, cls=AsyncVectorEnv), {"backend": "thread"}, prefetch=1, info_keys=("t", "ended"),
-                  double_buffer=True)  # fmt: skip
+    keys = BatchKeys(info_keys=("t", "ended"))
+    expected = collect(info_envs, {"backend": "thread"}, prefetch=1, keys=keys)
+    got = collect(double_buffered(partial(info_envs, cls=AsyncVectorEnv)), {"backend": "thread"}, prefetch=1, keys=keys)
     assert_same_batches(got, expected)
     assert int(got[-1]["info", "ended"].sum()) >= 1
 
@@ -146,9 +147,8 @@ def test_an_env_error_in_a_group_reaches_next_with_the_env_named(placement):
     """Env 3 (group 1's second env) raises at its 6th step: the same exception, naming its group."""
     fault = partial(faulty_vec, faulty_index=3, cls=AsyncVectorEnv, fault="step_raises", at=6)
     collector = Collector(
-        fault, ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", timeout=TIMEOUT, double_buffer=True,
-        **placement,
-    )  # fmt: skip
+        double_buffered(fault), ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", timeout=TIMEOUT, **placement
+    )
     try:
         with pytest.raises(EnvFault, match=re.escape("step 6 of env 3 failed")) as info:
             for _ in range(4):
@@ -166,9 +166,9 @@ def test_an_env_error_in_a_group_reaches_next_with_the_env_named(placement):
 def test_a_killed_group_worker_is_named_and_the_groups_are_shut_down():
     fault = partial(faulty_vec, faulty_index=2, cls=AsyncVectorEnv, fault="sigkill", at=3)
     collector = Collector(
-        fault, ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", timeout=TIMEOUT, double_buffer=True,
+        double_buffered(fault), ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", timeout=TIMEOUT,
         backend="thread",
-    )  # fmt: skip
+    )
     groups = collector.envs.groups
     try:
         killed = r"worker process 0 of the AsyncVectorEnv \(pid \d+\) was killed by SIGKILL"
@@ -182,16 +182,16 @@ def test_a_killed_group_worker_is_named_and_the_groups_are_shut_down():
 # -- refusals ------------------------------------------------------------------------------------
 
 
-def test_double_buffer_must_be_a_bool():
-    with pytest.raises(TypeError, match=r"double_buffer must be True or False, got str 'yes'"):
-        Collector("CartPole-v1", ConstantPolicy(), num_envs=4, num_steps=T, device="cpu", double_buffer="yes")
+def test_the_retired_double_buffer_keyword_names_the_recipe():
+    with pytest.raises(TypeError, match=re.escape("double_buffer= is now envs=torch_rollout.double_buffered(env_id")):
+        Collector("CartPole-v1", ConstantPolicy(), num_envs=4, num_steps=T, device="cpu", double_buffer=True)
 
 
 def test_a_live_vector_env_cannot_be_split_into_groups():
     envs = make_counting_envs(4)
-    refused = r"double_buffer=True builds two groups .* live SyncVectorEnv.*DoubleBufferedVectorEnv"
+    refused = r"double_buffered: builds two groups .* live SyncVectorEnv.*DoubleBufferedVectorEnv"
     with pytest.raises(ValueError, match=refused):
-        Collector(envs, ConstantPolicy(), num_steps=T, device="cpu", double_buffer=True, backend="thread")
+        double_buffered(envs)
     envs.close()
 
 
@@ -201,21 +201,21 @@ def test_a_live_vector_env_cannot_be_split_into_groups():
      (6, 2, r"num_envs=6 over 2 workers gives shares of \[3, 3\] envs; pass a num_envs that is a multiple of 4")],
 )  # fmt: skip
 def test_each_workers_share_must_split_into_two_equal_groups(num_envs, num_workers, message):
-    backend = "thread" if num_workers == 1 else "process"
+    backend = "thread" if num_workers == 1 else Processes(num_workers)
     with pytest.raises(ValueError, match=message):
         Collector(
-            make_async_counting_envs, ConstantPolicy(), num_envs=num_envs, num_steps=T, device="cpu",
-            double_buffer=True, backend=backend, num_workers=num_workers,
-        )  # fmt: skip
+            double_buffered(make_async_counting_envs), ConstantPolicy(), num_envs=num_envs, num_steps=T,
+            device="cpu", backend=backend,
+        )
 
 
 def test_groups_that_cannot_step_asynchronously_are_refused_with_the_fix():
     refused = r"groups\[0\] is .*SyncVectorEnv.* has no reset_async, reset_wait, step_async, step_wait.*mode='async'"
     with pytest.raises(TypeError, match=refused):
         Collector(
-            "CartPole-v1", ConstantPolicy(), num_envs=4, num_steps=T, device="cpu", double_buffer=True,
-            backend="thread", env_kwargs={"vectorization_mode": "sync"},
-        )  # fmt: skip
+            double_buffered(gym_envs("CartPole-v1", vectorization_mode="sync")), ConstantPolicy(), num_envs=4,
+            num_steps=T, device="cpu", backend="thread",
+        )
 
 
 def test_groups_must_be_alike_and_in_next_step_mode():
@@ -240,7 +240,7 @@ def test_a_wrapped_double_buffered_env_is_refused_with_the_fix():
     try:
         refused = re.escape(
             "envs is RecordEpisodeStatistics around a DoubleBufferedVectorEnv of 2 groups of 2 envs"
-        ) + r".*pass it unwrapped, or pass its envs as one vector env \(double_buffer=False\)"
+        ) + r".*pass it unwrapped, or pass its envs as one vector env \(not double_buffered\)"
         with pytest.raises(TypeError, match=refused):
             Collector(wrapped, ConstantPolicy(), num_steps=T, device="cpu", backend="thread")
     finally:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from placements import LOCAL_PLACEMENTS
-from torch_rollout import Collector, envpool_envs
+from torch_rollout import BatchKeys, Collector, envpool_envs
 from torch_rollout._envpool import EnvPoolVectorEnv
 
 TIMEOUT = 60.0
@@ -70,12 +70,12 @@ def collect(placement: dict, *, seed: int | None = SEED, batches: int = 2, **kwa
 @pytest.fixture(scope="module")
 def thread_batches():
     pytest.importorskip("envpool")
-    return collect({"backend": "thread"}, info_keys=INFO_KEYS)
+    return collect({"backend": "thread"}, keys=BatchKeys(info_keys=INFO_KEYS))
 
 
 @pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)
 def test_batches_are_exact_and_the_same_in_every_placement(placement, thread_batches):
-    batch = collect(placement, info_keys=INFO_KEYS)
+    batch = collect(placement, keys=BatchKeys(info_keys=INFO_KEYS))
     obs, done, real = batch["obs"], batch["done"], batch["mask"]
     terminated, truncated, length = batch["terminated"], batch["truncated"], batch["episode_length"]
     assert terminated.any() and truncated.any(), "the test needs both kinds of episode end"

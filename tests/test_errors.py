@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
 from counting_env import CountingEnv, CountingPolicy, make_counting_envs
-from torch_rollout import Collector
+from torch_rollout import GAE, Collector
 
 
 def collector_threads() -> list[threading.Thread]:
@@ -62,8 +63,10 @@ def first_batch(policy, *, envs=None, **kwargs):
         ({"num_steps": True}, TypeError, "Collector: num_steps must be an int >= 1, got bool True"),
         ({"num_steps": 4, "prefetch": -1}, ValueError, "Collector: prefetch must be an int >= 0, got -1"),
         ({"num_steps": 4, "total_timesteps": 0}, ValueError, "Collector: total_timesteps must be an int >= 1, got 0"),
-        ({"num_steps": 4, "gamma": 1.5}, ValueError, "Collector: gamma must be a float in [0, 1], got 1.5"),
-        ({"num_steps": 4, "gae_lambda": -0.1}, ValueError, "Collector: gae_lambda must be a float in [0, 1], got -0.1"),
+        ({"num_steps": 4, "gae": 0.99}, TypeError, "Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got float 0.99"),
+        ({"num_steps": 4, "keys": "obs"}, TypeError, "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got str 'obs'"),
+        ({"num_steps": 4, "gamma": 1.5}, TypeError, "Collector: gamma= is now gae=torch_rollout.GAE(gamma=1.5)"),
+        ({"num_steps": 4, "info_keys": ("x",), "obs_key": "o"}, TypeError, "Collector: info_keys= is now keys=torch_rollout.BatchKeys(info_keys=('x',)); obs_key= is now keys=torch_rollout.BatchKeys(obs_key='o')"),
         ({"num_steps": 4, "timeout": 0}, ValueError, "Collector: timeout must be a positive number of seconds or None, got 0"),
         ({"num_steps": 4, "num_envs": 3}, ValueError, "Collector: num_envs=3 but the given vector env has num_envs=2"),
     ],
@@ -73,6 +76,31 @@ def test_bad_arguments(kwargs, error, message):
     envs = make_counting_envs(2)
     with pytest.raises(error, match=re.escape(message)):
         Collector(envs, CountingPolicy(), device="cpu", **kwargs)
+    envs.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"gamma": 1.5}, "GAE: gamma must be a float in [0, 1], got 1.5"),
+        ({"gae_lambda": -0.1}, "GAE: gae_lambda must be a float in [0, 1], got -0.1"),
+        ({"gamma": True}, "GAE: gamma must be a float in [0, 1], got True"),
+    ],
+    ids=["gamma", "gae_lambda", "bool"],
+)
+def test_bad_gae_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GAE(**kwargs)
+
+
+def test_collector_has_at_most_15_parameters_and_old_keywords_name_their_new_spelling():
+    assert len(inspect.signature(Collector).parameters) <= 15
+    envs = make_counting_envs(2)
+    with pytest.raises(TypeError, match=re.escape("Collector: double_buffer= is now envs=torch_rollout.double_buffered(")):
+        Collector(envs, CountingPolicy(), num_steps=4, device="cpu", double_buffer=True)
+    assert not envs.closed  # refused before anything was built or claimed
+    with Collector(envs, CountingPolicy(), num_steps=4, device="cpu", backend="thread") as collector:
+        next(collector)
     envs.close()
 
 

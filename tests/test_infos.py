@@ -14,7 +14,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from placements import PLACEMENTS, envs_for
 from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy
-from torch_rollout import Collector
+from torch_rollout import BatchKeys, Collector
 
 N, T, BATCHES = 3, 7, 4  # T is prime to every episode length: episode ends fall on batch boundaries too
 TIMEOUT = 60.0
@@ -73,10 +73,11 @@ def collect(placement: dict, mode: AutoresetMode, **kwargs: Any) -> list:
         return [batch.clone() for batch in collector]
 
 
+@pytest.mark.ray(mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
 def test_infos_are_those_of_each_rows_step(mode, placement):
-    batches = collect(placement, mode, info_keys=INFO_KEYS)
+    batches = collect(placement, mode, keys=BatchKeys(info_keys=INFO_KEYS))
     for batch in batches:
         info, real = batch["info"], batch["mask"]
         done = batch["done"] & real
@@ -116,7 +117,7 @@ def test_info_key_that_the_env_never_gives_is_named(placement):
     )
     with pytest.raises(ValueError, match=message):
         collector = Collector(
-            envs, CountingPolicy(), num_steps=T, device="cpu", timeout=TIMEOUT, info_keys=("k", "is_success"),
+            envs, CountingPolicy(), num_steps=T, device="cpu", timeout=TIMEOUT, keys=BatchKeys(info_keys=("k", "is_success")),
             **placement, **extra,
         )  # fmt: skip
         with collector:
@@ -139,7 +140,7 @@ def test_info_whose_structure_changes_is_named():
         "Collector: envs.step() returned info 'x' for env 1 as dtype float64[2], but its structure was fixed as "
         "float32 when collection started"
     )
-    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", info_keys=["x"]) as collector:
+    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["x"])) as collector:
         with pytest.raises(ValueError, match=re.escape(message)):
             next(iter(collector))
     envs.close()
@@ -147,7 +148,7 @@ def test_info_whose_structure_changes_is_named():
 
 def test_episode_info_comes_with_its_structure_before_any_episode_ended():
     envs = gymnasium.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv([partial(CountingEnv, i) for i in range(2)]))
-    with Collector(envs, CountingPolicy(), num_steps=1, device="cpu", backend="thread", info_keys=["episode"]) as c:
+    with Collector(envs, CountingPolicy(), num_steps=1, device="cpu", backend="thread", keys=BatchKeys(info_keys=["episode"])) as c:
         info = next(iter(c))["info"]
     assert not info["_episode"].any() and info["episode"].batch_size == (1, 2)
     assert {key: info["episode", key].dtype for key in "rlt"} == {"r": torch.float32, "l": torch.int64, "t": torch.float32}
@@ -169,7 +170,7 @@ def test_episode_info_comes_with_its_structure_before_any_episode_ended():
 )
 def test_bad_info_keys_are_named(info_keys, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        Collector("CartPole-v1", CountingPolicy(), num_envs=1, num_steps=1, backend="thread", info_keys=info_keys)
+        Collector("CartPole-v1", CountingPolicy(), num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(info_keys=info_keys))
 
 
 class TextInfoEnv(CountingEnv):
@@ -181,7 +182,7 @@ class TextInfoEnv(CountingEnv):
 def test_info_that_is_not_a_number_is_named():
     envs = SyncVectorEnv([partial(TextInfoEnv, i) for i in range(2)])
     message = "Collector: info 'name' holds str values (a NumPy object array); the batch keeps numbers"
-    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", info_keys=["name"]) as collector:
+    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["name"])) as collector:
         with pytest.raises(TypeError, match=re.escape(message)):
             next(iter(collector))
     envs.close()

@@ -19,14 +19,11 @@ from pathlib import Path
 import gymnasium
 import pytest
 import torch
-from gymnasium.vector import SyncVectorEnv
-from tensordict import TensorDict
 
 from counting_env import CountingPolicy, make_counting_envs
-from placements import PLACEMENTS, local_ray
+from placements import PLACEMENTS, local_ray, on_ray
 from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
-from test_collector import SpacesEnv, SpacesPolicy
-from torch_rollout import Collector
+from torch_rollout import Collector, Processes, gym_envs
 from torch_rollout._envs import RemoteTraceback
 
 TIMEOUT = 60.0
@@ -123,51 +120,7 @@ class CartPolePolicy(torch.nn.Module):
         return {"action": out[:, :2].argmax(-1), "value": out[:, 2]}
 
 
-# -- the same batches in every placement -----------------------------------------------------------
-
-
-@pytest.mark.parametrize("prefetch", [0, 2])
-def test_thread_and_processes_give_identical_batches(prefetch):
-    """Env ``j`` is seeded ``seed + j`` wherever it runs: a deterministic policy sees the same episodes."""
-    recipe = functools.partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")
-    results = {}
-    for backend, k in [("thread", 1), ("process", 1), ("process", 3)]:
-        with Collector(
-            recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
-            seed=11, device="cpu", backend=backend, num_workers=k, prefetch=prefetch, timeout=TIMEOUT,
-        ) as collector:  # fmt: skip
-            results[backend, k] = torch.cat(list(collector))
-    reference = results["thread", 1]
-    assert reference["done"].any()
-    for key, batch in results.items():
-        for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return"):
-            assert torch.equal(batch[name], reference[name]), f"{key}: {name}"
-
-
-def discrete_three(n: int) -> torch.Tensor:
-    return torch.full((n,), 3)
-
-
-def test_dict_observations_travel_through_shared_memory():
-    recipe = functools.partial(spaces_envs, action_space=gymnasium.spaces.Discrete(4))
-    with Collector(
-        recipe, SpacesPolicy(discrete_three), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
-        backend="process", num_workers=2, timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
-        batches = list(collector)
-    for batch in batches:
-        obs = batch["obs"]
-        assert isinstance(obs, TensorDict) and obs.batch_size == torch.Size([6, 3])
-        assert obs["image"].dtype == torch.uint8 and obs["bits"].dtype == torch.int8
-        real = batch[batch["mask"]]
-        assert (real["obs", "image"][:, 0, 0, 0].long() % 5 == real["obs", "index"]).all()
-        truncated = batch["truncated"]
-        torch.testing.assert_close(batch["next_value"][truncated], torch.full((int(truncated.sum()),), 8.0))
-    assert not batches[0]["obs", "image"].is_shared()  # delivered batches are copies, not the slots
-
-
-def spaces_envs(num_envs: int, *, action_space: gymnasium.Space) -> SyncVectorEnv:
-    return SyncVectorEnv([functools.partial(SpacesEnv, action_space) for _ in range(num_envs)])
+# -- batches out of shared memory ------------------------------------------------------------------
 
 
 def test_batches_are_not_overwritten_by_later_collection():
@@ -205,12 +158,14 @@ def test_bad_recipes_and_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector: policy=Local() cannot be pickled for a worker process")):
         Collector("CartPole-v1", Local(), num_envs=2, num_steps=4, backend="process")
     with pytest.raises(ValueError, match=re.escape("Collector: num_workers=3 is more than num_envs=2")):
-        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="process", num_workers=3)
-    with pytest.raises(ValueError, match=re.escape("Collector: num_workers=2 needs backend='process'")):
+        Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend=Processes(3))
+    with pytest.raises(TypeError, match=re.escape("Collector: num_workers= is now backend=torch_rollout.Processes(num_workers=2)")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="thread", num_workers=2)
+    with pytest.raises(ValueError, match=re.escape("Processes: num_workers must be an int >= 1, got 0")):
+        Processes(0)
     with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process', 'ray'], got 'dask'")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="dask")
-    with pytest.raises(ValueError, match=re.escape("Collector: env_kwargs are passed to gymnasium.make_vec with an env id")):
+    with pytest.raises(TypeError, match=re.escape("Collector: env_kwargs= is now envs=torch_rollout.gym_envs(env_id, **{'x': 1})")):
         Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
 
 
@@ -227,8 +182,8 @@ def test_auto_chooses_processes_for_a_cpu_policy_with_a_recipe_else_the_thread()
 
 def test_env_kwargs_reach_every_worker():
     with Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=3, env_kwargs={"episode_length": 2}, backend="process",
-        num_workers=2, total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
+        gym_envs(FAULTY, episode_length=2), ConstantPolicy(), num_envs=4, num_steps=3, backend=Processes(2),
+        total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batch = torch.cat(list(collector))
     assert (batch["episode_length"][batch["done"]] == 2).all() and batch["done"].any()
@@ -244,25 +199,25 @@ def test_env_registered_only_in_the_trainer_is_explained():
 # -- faults ----------------------------------------------------------------------------------------
 
 
+# The placements whose envs run in other processes (worker processes, Ray actors): all but the thread.
+WORKER_PLACEMENTS = [param for param in PLACEMENTS if param.id != "thread"]
 # How a remote traceback names its worker, per placement.
 PROCESS_WORKER = r"in worker [01] \(pid \d+\)"
 RAY_WORKER = r"in Ray worker \d \(actor [0-9a-f]+, pid \d+, node [\d.]+, envs \d+\.\.\d+\)"
+NAMED = {"process1": PROCESS_WORKER, "process2": PROCESS_WORKER, "ray2": RAY_WORKER}
+WORKER_PLACEMENTS_NAMED = [
+    pytest.param(param.values[0], NAMED[param.id], id=param.id, marks=param.marks) for param in WORKER_PLACEMENTS
+]
 
 
-@pytest.mark.parametrize(
-    "placement, named",
-    [
-        pytest.param({"backend": "process", "num_workers": 1}, PROCESS_WORKER, id="process1"),
-        pytest.param({"backend": "process", "num_workers": 2}, PROCESS_WORKER, id="process2"),
-        pytest.param({"backend": "ray", "num_workers": 2}, RAY_WORKER, id="ray2", marks=PLACEMENTS[-1].marks),
-    ],
-)
+@pytest.mark.ray
+@pytest.mark.parametrize("placement, named", WORKER_PLACEMENTS_NAMED)
 def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named):
-    if placement["backend"] == "ray":
+    if on_ray(placement):
         local_ray()  # its workers import the tests' env modules
     snapshot = Snapshot()
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "step_raises", "at": 7},
+        gym_envs(FAULTY, fault="step_raises", at=7), ConstantPolicy(), num_envs=2, num_steps=4,
         timeout=TIMEOUT, **placement,
     )  # fmt: skip
     delivered = 0
@@ -277,30 +232,40 @@ def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named)
     with pytest.raises(RuntimeError, match="cannot iterate after the background collection failed with EnvFault"):
         next(collector)
     del collector, info, cause
-    if placement["backend"] == "process":  # Ray keeps its own pool of worker processes
+    if not on_ray(placement):  # Ray keeps its own pool of worker processes
         assert wait_until(lambda: not workers(), 5.0)
         snapshot.assert_no_leaks()
 
 
-def test_policy_error_in_a_worker_reaches_next():
+@pytest.mark.ray
+@pytest.mark.parametrize("placement, named", WORKER_PLACEMENTS_NAMED)
+def test_policy_error_in_a_worker_reaches_next(placement, named):
+    if on_ray(placement):
+        local_ray()  # its workers import the tests' policy modules
     with pytest.raises(PolicyFault, match=re.escape("policy call 6 failed")) as info:
-        with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, backend="process", timeout=TIMEOUT) as c:
+        with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, timeout=TIMEOUT, **placement) as c:
             list(take(c))
     assert "in forward" in str(info.value.__cause__)
+    assert re.search(named, str(info.value.__cause__))
 
 
-def test_error_while_building_envs_is_raised_by_the_constructor():
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", WORKER_PLACEMENTS)
+def test_error_while_building_envs_is_raised_by_the_constructor(placement):
+    if on_ray(placement):
+        local_ray()  # its workers import the tests' env modules
     with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "reset_raises"},
-                  backend="process", timeout=TIMEOUT)  # fmt: skip
-    assert wait_until(lambda: not workers(), 5.0)
+        Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), num_envs=2, num_steps=4,
+                  timeout=TIMEOUT, **placement)  # fmt: skip
+    if not on_ray(placement):  # Ray keeps its own pool of worker processes
+        assert wait_until(lambda: not workers(), 5.0)
 
 
 def test_worker_killed_with_sigkill_is_named():
     snapshot = Snapshot()
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=4, env_kwargs={"fault": "sigkill", "at": 6},
-        backend="process", num_workers=2,
+        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
+        backend=Processes(2),
     )  # fmt: skip
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
@@ -328,7 +293,7 @@ def test_100_create_iterate_close_cycles_leave_nothing_behind():
     snapshot = Snapshot()
     semaphores = mapped_semaphores()
     for i in range(100):
-        options = dict(num_envs=2, num_steps=4, backend="process", num_workers=1 + i % 2, timeout=TIMEOUT)
+        options = dict(num_envs=2, num_steps=4, backend=Processes(1 + i % 2), timeout=TIMEOUT)
         if i % 3 == 0:
             with Collector(FAULTY, ConstantPolicy(), total_timesteps=2 * 4 * 2, **options) as collector:
                 list(collector)
@@ -355,7 +320,7 @@ from torch_rollout import Collector
 
 if __name__ == "__main__":
     collector = Collector("torch_rollout_tests/Faulty-v0", ConstantPolicy(pause=0.01), num_envs=4, num_steps=16,
-                          backend="process", num_workers=2)
+                          backend=Processes(2))
     with collector:
         for i, batch in enumerate(collector):
             if i == 1:

@@ -1,9 +1,10 @@
 """The Ray placement: what only Ray actors can get wrong (the object store, deaths, restarts, whose Ray it is).
 
-The batch contract itself (exactly once, weight versions, lag, spaces) is tested
-for every placement, Ray included, by the parametrized tests of the other
-modules. These tests run against a real local Ray of 2 CPUs, started once for
-the session (``placements.local_ray``).
+The batch contract itself (exactly once, weight versions, lag, spaces, the same
+batches as the thread) and errors raised in a worker are tested for every
+placement, Ray included, by the parametrized tests of the other modules. These
+tests run against a real local Ray of 2 CPUs, started once for the session
+(``placements.local_ray``).
 """
 
 from __future__ import annotations
@@ -15,31 +16,23 @@ import subprocess
 import sys
 import textwrap
 import threading
-from functools import partial
 from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
-from gymnasium.vector import SyncVectorEnv
-from tensordict import TensorDict
 
 from placements import local_ray
 from reliability_envs import (
     ConstantPolicy,
     CountingPolicy,
-    EnvFault,
-    PolicyFault,
-    RaisingPolicy,
     counting_vec,
     take,
     wait_until,
 )
-from test_collector import SpacesEnv
-from test_process import deterministic_cartpole_policy
-from test_reliability_holes import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
-from torch_rollout import Collector
+from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
+from torch_rollout import Collector, Ray, gym_envs
 from torch_rollout._envs import RemoteTraceback
 
 ray = pytest.importorskip("ray")
@@ -72,55 +65,7 @@ class PidPolicy(CountingPolicy):
         return {**super().forward(obs), "pid": torch.full((obs.shape[0],), os.getpid())}
 
 
-# -- the same batches, through the object store -------------------------------------------------
-
-
-def test_same_batches_as_the_thread():
-    """Env ``j`` is seeded ``seed + j`` on Ray too: a deterministic policy sees the same episodes as on the thread."""
-    recipe = partial(gymnasium.make_vec, "CartPole-v1", vectorization_mode="sync")
-    results = {}
-    for backend, k in [("thread", 1), ("ray", 3)]:
-        with Collector(
-            recipe, deterministic_cartpole_policy(), num_envs=6, num_steps=40, total_timesteps=6 * 40 * 3,
-            seed=11, device="cpu", backend=backend, num_workers=k, prefetch=1, timeout=TIMEOUT,
-        ) as collector:  # fmt: skip
-            results[backend] = torch.cat(list(collector))
-    reference = results["thread"]
-    assert reference["done"].any()
-    for name in ("obs", "action", "reward", "terminated", "truncated", "next_value", "advantage", "return", "mask"):
-        assert torch.equal(results["ray"][name], reference[name]), name
-
-
-class DictObsPolicy(torch.nn.Module):
-    """Action 3, a value from the Dict observation, and an output in a dtype NumPy lacks (bfloat16)."""
-
-    def forward(self, obs: TensorDict) -> dict[str, torch.Tensor]:
-        n = obs.shape[0]
-        value = obs["image"].float().mean(dim=(1, 2, 3)) + obs["index"].float()
-        return {"action": torch.full((n,), 3), "value": value, "half": value.to(torch.bfloat16)}
-
-
-def spaces_envs(num_envs: int) -> SyncVectorEnv:
-    return SyncVectorEnv([partial(SpacesEnv, gymnasium.spaces.Discrete(4)) for _ in range(num_envs)])
-
-
-def test_dict_observations_and_any_dtype_travel_and_batches_are_writable_copies():
-    with Collector(
-        spaces_envs, DictObsPolicy(), num_envs=3, num_steps=6, total_timesteps=3 * 6 * 2, device="cpu",
-        backend="ray", num_workers=2, timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
-        batches = list(collector)
-    for batch in batches:
-        obs = batch["obs"]
-        assert isinstance(obs, TensorDict) and obs.batch_size == torch.Size([6, 3])
-        assert obs["image"].dtype == torch.uint8 and obs["bits"].dtype == torch.int8
-        real = batch[batch["mask"]]
-        assert (real["obs", "image"][:, 0, 0, 0].long() % 5 == real["obs", "index"]).all()
-        truncated = batch["truncated"]
-        torch.testing.assert_close(batch["next_value"][truncated], torch.full((int(truncated.sum()),), 8.0))
-        assert batch["half"].dtype == torch.bfloat16 and torch.equal(batch["half"], batch["value"].to(torch.bfloat16))
-    batches[0]["obs", "image"].add_(1)  # not the object store's read-only memory
-    batches[0]["reward"].mul_(2)
+# -- weights through the object store -----------------------------------------------------------
 
 
 def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
@@ -139,7 +84,7 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
     monkeypatch.setattr(ray, "put", counting_put)
     with Collector(
         lambda n: gymnasium.make_vec(FAULTY, n), ConstantPolicy(), num_envs=4, num_steps=4,
-        total_timesteps=4 * 4 * 5, device="cpu", backend="ray", num_workers=2, timeout=TIMEOUT,
+        total_timesteps=4 * 4 * 5, device="cpu", backend=Ray(2), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         assert len(list(collector)) == 5
         refreshes = collector.policy_version
@@ -150,25 +95,11 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
 # -- errors and deaths -----------------------------------------------------------------------------
 
 
-def test_policy_error_reaches_next():
-    with pytest.raises(PolicyFault, match=re.escape("policy call 6 failed")) as info:
-        with Collector(FAULTY, RaisingPolicy(6), num_envs=2, num_steps=4, backend="ray", timeout=TIMEOUT) as c:
-            list(take(c))
-    assert "in forward" in str(info.value.__cause__)
-    assert re.search(WORKER, str(info.value.__cause__))
-
-
-def test_error_while_building_envs_is_raised_by_the_constructor():
-    with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, env_kwargs={"fault": "reset_raises"},
-                  backend="ray", timeout=TIMEOUT)  # fmt: skip
-
-
 def test_killed_worker_is_named():
     """An actor whose process is SIGKILLed (from inside its env's step) is a RuntimeError, not a hang."""
     collector = Collector(
-        FAULTY, ConstantPolicy(), num_envs=4, num_steps=4, env_kwargs={"fault": "sigkill", "at": 6},
-        backend="ray", num_workers=2, timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
+        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
+        backend=Ray(2), timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
     )  # fmt: skip
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
@@ -179,7 +110,7 @@ def test_killed_worker_is_named():
     k, pid, first, last = map(int, found.groups())
     assert (first, last) == (2 * k, 2 * k + 1)
     assert wait_until(lambda: not alive(pid), 5.0)  # its process may still be exiting when Ray reports it
-    assert message.endswith("ray_options={'max_restarts': n} recreates a dead worker instead")
+    assert message.endswith("Ray(num_workers, options={'max_restarts': n}) recreates a dead worker instead")
     assert collector.closed
 
 
@@ -187,8 +118,8 @@ def test_restart_policy_recreates_a_dead_worker_and_delivers_no_transition_twice
     """max_restarts: a killed worker is recreated with new envs; its undelivered transitions are lost, none doubled."""
     T, N = 5, 4
     with Collector(
-        counting_vec, PidPolicy(), num_envs=N, num_steps=T, total_timesteps=T * N * 6, backend="ray",
-        num_workers=2, timeout=TIMEOUT, ray_options={"max_restarts": 1},
+        counting_vec, PidPolicy(), num_envs=N, num_steps=T, total_timesteps=T * N * 6,
+        backend=Ray(2, options={"max_restarts": 1}), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         batches = []
         for b, batch in enumerate(collector):
@@ -218,8 +149,7 @@ def test_close_frees_the_actors_and_leaves_the_users_ray_running():
     """The session's Ray was initialised by the test (as a user would): the collector uses it and leaves it up."""
     cpus = ray.available_resources().get("CPU", 0)
     with Collector(
-        counting_vec, PidPolicy(), num_envs=2, num_steps=3, backend="ray", num_workers=2, timeout=TIMEOUT,
-        ray_options={"num_cpus": 1},
+        counting_vec, PidPolicy(), num_envs=2, num_steps=3, backend=Ray(2, options={"num_cpus": 1}), timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         pids = set(next(collector)["pid"].unique().tolist())
         assert len(pids) == 2 and os.getpid() not in pids
@@ -234,13 +164,15 @@ def test_bad_ray_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector(backend='ray'): envs is a live SyncVectorEnv")):
         Collector(envs, ConstantPolicy(), num_steps=4, backend="ray")
     envs.close()
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options must be a dict of Ray actor options, for "
-                                                   "backend='ray' only; got dict {'num_cpus': 1} with backend='process'")):
+    with pytest.raises(TypeError, match=re.escape("Collector: ray_options= is now backend=torch_rollout.Ray(num_workers=..., "
+                                                  "options={'num_cpus': 1})")):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="process", ray_options={"num_cpus": 1})
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options['max_restarts'] must be an int >= 0")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="ray", ray_options={"max_restarts": -1})
-    with pytest.raises(ValueError, match=re.escape("Collector: ray_options={'num_cpu': 1} are not valid Ray actor options")):
-        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="ray", ray_options={"num_cpu": 1})
+    with pytest.raises(ValueError, match=re.escape("Ray: options must be a dict of Ray actor options, got list")):
+        Ray(2, options=["num_cpus"])
+    with pytest.raises(ValueError, match=re.escape("Ray: options['max_restarts'] must be an int >= 0")):
+        Ray(2, options={"max_restarts": -1})
+    with pytest.raises(ValueError, match=re.escape("Collector: Ray(options={'num_cpu': 1}) are not valid Ray actor options")):
+        Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend=Ray(options={"num_cpu": 1}))
     policy = ConstantPolicy()
     policy.lock = threading.Lock()
     with pytest.raises(TypeError, match=re.escape("cannot be pickled for Ray's workers")):
@@ -255,7 +187,7 @@ def test_ctrl_c_at_points_of_next_drops_no_batch(sigint_raises_keyboard_interrup
     T, N = 4, 2
     batches, k = [], 1
     with Collector(
-        counting_vec, CountingPolicy(), num_envs=N, num_steps=T, backend="ray", num_workers=2, prefetch=1,
+        counting_vec, CountingPolicy(), num_envs=N, num_steps=T, backend=Ray(2), prefetch=1,
         timeout=TIMEOUT,
     ) as collector:  # fmt: skip
         while True:
@@ -284,7 +216,7 @@ from torch_rollout import Collector
 
 if __name__ == "__main__":
     assert not ray.is_initialized()
-    options = dict(num_envs=2, num_steps=8, backend="ray", num_workers=2)
+    options = dict(num_envs=2, num_steps=8, backend=Ray(2))
     with Collector(counting_vec, PidPolicy(), total_timesteps=2 * 8 * 2, **options) as collector:
         print("first", len(list(collector)), flush=True)
     print("after close", ray.is_initialized(), flush=True)

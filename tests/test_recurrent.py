@@ -21,7 +21,7 @@ from recurrent_policies import (
     steps_state,
     torchrl_recurrent_policy,
 )
-from torch_rollout import Collector
+from torch_rollout import Collector, Processes
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 MODE_IDS = ["next_step", "same_step", "disabled"]
@@ -56,6 +56,7 @@ def true_next_obs(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------- recurrent state
 
 
+@pytest.mark.ray(policy_cls=(StepCountingValuePolicy,), mode=(AutoresetMode.SAME_STEP,), prefetch=(1,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
@@ -95,7 +96,7 @@ def test_state_rows_replay_a_sequence_from_any_row():
 def test_initial_state_as_a_tensordict_gives_each_env_its_row():
     """A TensorDict initial state: env i starts (and restarts) from row i, in worker processes too."""
     start = TensorDict({"steps": torch.tensor([[10.0], [20.0], [30.0]])}, batch_size=[3])
-    placement = {"backend": "process", "num_workers": 2}
+    placement = {"backend": Processes(2)}
     batches = collect(placement, AutoresetMode.NEXT_STEP, StepCountingValuePolicy(), prefetch=1,
                       initial_state=start, num_batches=2)  # fmt: skip
     steps = torch.cat([batch["steps"][..., 0] for batch in batches])

@@ -32,6 +32,7 @@ def collector(placement: dict, *, seed: int | None = 3, total_batches: int = 6, 
     )  # fmt: skip
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_a_resumed_collector_counts_on_and_continues_the_seed_stream(placement):
     with collector(placement, prefetch=1) as first:

@@ -21,7 +21,7 @@ from torch.distributions import Categorical
 
 from placements import PLACEMENTS, envs_for
 from reliability_envs import CountingPolicy, counting_vec
-from torch_rollout import Collector, _interaction
+from torch_rollout import BatchKeys, Collector, _interaction
 
 N, T, BATCHES = 4, 16, 3
 
@@ -81,7 +81,7 @@ def test_collector_thread_samples_while_the_trainer_acts_deterministically(tenso
     with set_interaction_type(InteractionType.DETERMINISTIC):
         with Collector(
             "CartPole-v1", policy, num_envs=N, num_steps=T, total_timesteps=N * T * BATCHES, device="cpu",
-            backend="thread", prefetch=1, obs_key="observation",
+            backend="thread", prefetch=1, keys=BatchKeys(obs_key="observation"),
         ) as collector:  # fmt: skip
             for batch in collector:
                 actions.append(batch["action"])
@@ -110,7 +110,7 @@ def test_observation_key_and_state_value_give_the_same_advantages(placement):
     # CountingEnv needs action t % 2: a TensorDict policy that reads "observation" and writes "state_value".
     parity = TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"])
     policy = TensorDictSequential(parity, TensorDictModule(Half(), in_keys=["observation"], out_keys=["state_value"]))
-    got = collect(placement, policy, obs_key="observation")
+    got = collect(placement, policy, keys=BatchKeys(obs_key="observation"))
     assert len(got) == len(expected) == 2
     for want, batch in zip(expected, got):
         assert "obs" not in batch.keys() and torch.equal(batch["observation"], want["obs"])
@@ -126,8 +126,8 @@ class Parity(nn.Module):
 
 @pytest.mark.parametrize("obs_key", ["action", "", 3])
 def test_bad_obs_key_is_named(obs_key):
-    with pytest.raises(ValueError, match="Collector: obs_key must be a str other than the batch's own keys"):
-        Collector("CartPole-v1", td_actor_critic(), num_envs=1, num_steps=1, backend="thread", obs_key=obs_key)
+    with pytest.raises(ValueError, match="BatchKeys: obs_key must be a str other than the batch's own keys"):
+        Collector("CartPole-v1", td_actor_critic(), num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key=obs_key))
 
 
 # ------------------------------------------------------------------------------------------ TorchRL
@@ -158,7 +158,7 @@ def test_a_probabilistic_module_that_does_not_sample_is_named():
         + re.escape(" has default_interaction_type=InteractionType.DETERMINISTIC, so the collector acts with it")
     )
     with pytest.warns(UserWarning, match=message):
-        Collector("CartPole-v1", policy, num_envs=1, num_steps=1, backend="thread", obs_key="observation").close()
+        Collector("CartPole-v1", policy, num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key="observation")).close()
 
 
 def recipe(batch):
@@ -178,7 +178,7 @@ def test_clip_ppo_loss_reads_the_batch_as_the_readme_says():
     loss_fn = ClipPPOLoss(actor, critic, entropy_bonus=False, loss_critic_type="l2", critic_coeff=1.0, clip_value=0.2)
     with Collector(
         "CartPole-v1", TensorDictSequential(actor, critic), num_envs=N, num_steps=T, total_timesteps=N * T,
-        obs_key="observation", device="cpu", backend="thread", prefetch=0, seed=0,
+        keys=BatchKeys(obs_key="observation"), device="cpu", backend="thread", prefetch=0, seed=0,
     ) as collector:  # fmt: skip
         batch = next(iter(collector))
     assert {"observation", "action", "action_log_prob", "state_value", "advantage", "return"} <= set(batch.keys())
@@ -203,7 +203,7 @@ def test_clip_ppo_loss_in_the_trainer_leaves_the_collector_sampling():
     shares = []
     with Collector(
         "CartPole-v1", TensorDictSequential(actor, critic), num_envs=8, num_steps=64, total_timesteps=8 * 64 * 4,
-        obs_key="observation", device="cpu", backend="thread", prefetch=1, seed=0,
+        keys=BatchKeys(obs_key="observation"), device="cpu", backend="thread", prefetch=1, seed=0,
     ) as collector:  # fmt: skip
         for batch in collector:
             shares.append((batch["action"] == batch["logits"].argmax(-1)).float().mean().item())

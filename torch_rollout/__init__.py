@@ -1,9 +1,24 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
-from torch_rollout._double_buffer import DoubleBufferedVectorEnv
+from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
 from torch_rollout._envpool import envpool_envs
+from torch_rollout._envs import gym_envs
+from torch_rollout._placement import Processes, Ray, Thread
+from torch_rollout._spec import BatchKeys
 from torch_rollout.collector import Collector
-from torch_rollout.gae import compute_gae
+from torch_rollout.gae import GAE, compute_gae
 
-__all__ = ["Collector", "DoubleBufferedVectorEnv", "compute_gae", "envpool_envs"]
+__all__ = [
+    "GAE",
+    "BatchKeys",
+    "Collector",
+    "DoubleBufferedVectorEnv",
+    "Processes",
+    "Ray",
+    "Thread",
+    "compute_gae",
+    "double_buffered",
+    "envpool_envs",
+    "gym_envs",
+]
 __version__ = "0.1.0"

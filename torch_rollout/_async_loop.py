@@ -17,8 +17,8 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, _empty_rows
-from torch_rollout._spaces import ActionConverter, ObsBuffer, ObsChecker, first_non_finite, obs_to_tensor
+from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, empty_rows
+from torch_rollout._spaces import ObsBuffer, first_non_finite, obs_to_tensor
 
 __all__ = ["AsyncRolloutLoop", "is_async_pool", "loop_class"]
 
@@ -43,7 +43,7 @@ def is_async_pool(envs: VectorEnv) -> bool:
                 f"Collector: envs is {type(envs).__name__} around a DoubleBufferedVectorEnv of "
                 f"{len(base.groups)} groups of {base.group_size} envs; the collector drives it with send/recv "
                 "itself, past any wrapper (a vector wrapper would step every group at once): pass it unwrapped, "
-                "or pass its envs as one vector env (double_buffer=False)"
+                "or pass its envs as one vector env (not double_buffered)"
             )
         raise TypeError(
             f"Collector: envs is {type(envs).__name__} around an EnvPool in async mode (batch_size="
@@ -142,7 +142,7 @@ class AsyncRolloutLoop(RolloutLoop):
     def __init__(self, envs: VectorEnv, *args: Any, **kwargs: Any) -> None:
         super().__init__(envs, *args, **kwargs)
         config = envs.config
-        self.batch_size = B = int(config["batch_size"])
+        self.batch_size = int(config["batch_size"])
         if self.autoreset_mode != AutoresetMode.NEXT_STEP:
             raise ValueError(
                 f"Collector: an EnvPool in async mode resets an env on the step after its episode ends "
@@ -153,14 +153,14 @@ class AsyncRolloutLoop(RolloutLoop):
                 f"Collector: EnvPool max_num_players={config['max_num_players']}; the collector steps "
                 "single-player envs only"
             )
-        # recv() returns batch_size envs: the policy's outputs and actions have B rows.
-        self.to_env_action = ActionConverter(envs.single_action_space, B, env_offset=self.env_offset)
-        self.check_obs = ObsChecker(self.obs_space, B)
-        if self.infos is not None:
-            self.infos.num_envs = B  # records one recv's envs, then scatters them to their rows
         self.seeds_at_reset = isinstance(envs, DoubleBufferedVectorEnv)
         self._warn_seed(self.seed)
         self.buffers: deque[_Rows] = deque()
+
+    @staticmethod
+    def step_width(envs: VectorEnv) -> int:
+        """Envs that one ``recv()`` returns (``batch_size``): the policy's outputs, actions and infos have as many rows."""
+        return int(envs.config["batch_size"])
 
     def reseed(self, seed: int | None) -> None:
         self._warn_seed(seed)
@@ -304,7 +304,7 @@ class AsyncRolloutLoop(RolloutLoop):
             buffer.host["policy_version"][flat] = version
             if state is not None:
                 if buffer.states is None:
-                    buffer.states = _empty_rows(self.state, self.num_steps, self.storage_device)
+                    buffer.states = empty_rows(self.state, self.num_steps, self.storage_device)
                 rows_t = torch.from_numpy(flat).to(self.storage_device)
                 where = (rows_t // self.num_envs, rows_t % self.num_envs)
                 buffer.states[where] = (state if sel is None else state[torch.from_numpy(sel)]).to(self.storage_device)
@@ -317,7 +317,7 @@ class AsyncRolloutLoop(RolloutLoop):
 
     def _allocate_outputs(self, buffer: _Rows, out_t: dict[str, Any]) -> None:
         T, N = self.num_steps, self.num_envs
-        buffer.outputs = {key: _empty_rows(_widen(value, N), T, self.storage_device) for key, value in out_t.items()}
+        buffer.outputs = {key: empty_rows(_widen(value, N), T, self.storage_device) for key, value in out_t.items()}
         buffer.views = {
             key: value.numpy().reshape(T * N, *value.shape[2:])
             if isinstance(value, Tensor) and value.device.type == "cpu" else None

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from torch_rollout._envs import EnvRecipe, autoreset_mode, build_envs, explain_env_error
+from torch_rollout._envs import EnvRecipe, GymEnvs, autoreset_mode, build_envs, explain_env_error
 
-__all__ = ["DoubleBufferedRecipe", "DoubleBufferedVectorEnv", "check_double_buffer", "check_double_buffer_shares"]
+__all__ = ["DoubleBufferedRecipe", "DoubleBufferedVectorEnv", "double_buffered"]
 
 _ASYNC_METHODS = ("reset_async", "reset_wait", "step_async", "step_wait")
 
@@ -166,37 +166,74 @@ class DoubleBufferedVectorEnv(VectorEnv):
         return f"DoubleBufferedVectorEnv({len(self.groups)} x {self.groups[0]!r})"
 
 
-class DoubleBufferedRecipe:
-    """Builds a :class:`DoubleBufferedVectorEnv` of ``num_groups`` groups from an env recipe (picklable).
+def double_buffered(envs: EnvRecipe) -> DoubleBufferedRecipe:
+    """A recipe that builds each loop's envs as two groups stepping asynchronously (double-buffered collection).
 
-    ``recipe`` and ``env_kwargs`` are what the collector takes (an env id for
-    :func:`gymnasium.make_vec`, or ``make_envs(num_envs[, start_index])``); an env
-    id is made with ``vectorization_mode="async"`` unless ``env_kwargs`` says
-    otherwise. Group ``g`` of a share starting at ``start_index`` is built with
-    ``start_index + g * B``.
+    Pass it as the Collector's ``envs``. Each loop's envs (each worker's share)
+    are built as two equal groups of ``envs`` and presented as a
+    :class:`DoubleBufferedVectorEnv`: the collector acts on one group's
+    observations while the other group steps. An env id (or a :func:`gym_envs`
+    recipe without ``vectorization_mode``) is made with
+    ``vectorization_mode="async"``, one process per env. The batches are those of
+    the envs stepped as one vector env (with a deterministic policy, identical).
+    NEXT_STEP autoreset only; each share of envs must be even. On 2 cores it lost
+    to one SyncVectorEnv (``docs/performance.md``): it pays where env steps are
+    slow and cores are spare.
+
+    Args:
+        envs: an env id, or a function ``make_envs(num_envs[, start_index])``
+            returning an AsyncVectorEnv-like vector env (``step_async``/``step_wait``).
+
+    Examples:
+        >>> double_buffered("CartPole-v1")
+        double_buffered(gym_envs('CartPole-v1', vectorization_mode='async'))
+    """
+    return DoubleBufferedRecipe(envs)
+
+
+class DoubleBufferedRecipe:
+    """The recipe that :func:`double_buffered` returns: a :class:`DoubleBufferedVectorEnv` of ``num_groups`` groups.
+
+    Group ``g`` of a share starting at ``start_index`` is built with
+    ``start_index + g * B``. Picklable, for worker processes and Ray actors.
     """
 
-    def __init__(self, recipe: EnvRecipe, *, env_kwargs: Mapping[str, Any] | None = None, num_groups: int = 2) -> None:
-        self.recipe = recipe
-        kwargs = dict(env_kwargs or {})
+    def __init__(self, recipe: EnvRecipe, *, num_groups: int = 2) -> None:
+        if isinstance(recipe, VectorEnv):
+            raise ValueError(
+                f"double_buffered: builds two groups of envs from an env id or a make_envs function, but got a live "
+                f"{type(recipe).__name__}; pass the id or function, or pass "
+                "torch_rollout.DoubleBufferedVectorEnv([group_0, group_1]) of two AsyncVectorEnv as envs"
+            )
         if isinstance(recipe, str):
-            kwargs.setdefault("vectorization_mode", "async")
-        self.env_kwargs = kwargs or None
+            recipe = GymEnvs(recipe)
+        if isinstance(recipe, GymEnvs) and "vectorization_mode" not in recipe.kwargs:
+            recipe = GymEnvs(recipe.env_id, vectorization_mode="async", **recipe.kwargs)
+        if not callable(recipe):
+            raise TypeError(
+                f"double_buffered: envs must be an env id or a function make_envs(num_envs) -> VectorEnv, got "
+                f"{type(recipe).__name__} {recipe!r}"
+            )
+        self.recipe = recipe
         self.num_groups = num_groups
 
-    def __call__(self, num_envs: int, *, start_index: int = 0) -> DoubleBufferedVectorEnv:
-        size, rest = divmod(num_envs, self.num_groups)
-        if rest or not size:
+    def check_shares(self, shares: list[tuple[int, int]]) -> None:
+        """Refuses worker shares of envs that do not split into equal groups (before any worker starts)."""
+        counts = [count for _, count in shares]
+        if any(count % self.num_groups for count in counts):
+            workers = f"over {len(counts)} workers gives shares of {counts} envs" if len(counts) > 1 else "is odd"
             raise ValueError(
-                f"Collector: double_buffer=True splits {num_envs} envs into {self.num_groups} equal groups; "
-                f"pass a num_envs that is a multiple of {self.num_groups} (per worker)"
+                f"Collector: double_buffered envs split each worker's envs into two equal groups, but num_envs="
+                f"{sum(counts)} {workers}; pass a num_envs that is a multiple of {self.num_groups * len(counts)}"
             )
+
+    def __call__(self, num_envs: int, *, start_index: int = 0) -> DoubleBufferedVectorEnv:
+        size = num_envs // self.num_groups
+        self.check_shares([(start_index, num_envs)])
         groups: list[VectorEnv] = []
         try:
             for g in range(self.num_groups):
-                groups.append(
-                    build_envs(self.recipe, size, start_index=start_index + g * size, env_kwargs=self.env_kwargs)
-                )
+                groups.append(build_envs(self.recipe, size, start_index=start_index + g * size))
             return DoubleBufferedVectorEnv(groups, env_offset=start_index)
         except BaseException:
             for group in groups:
@@ -204,33 +241,7 @@ class DoubleBufferedRecipe:
             raise
 
     def __repr__(self) -> str:
-        kwargs = "" if self.env_kwargs is None else f", env_kwargs={self.env_kwargs!r}"
-        return f"DoubleBufferedRecipe({self.recipe!r}{kwargs})"
-
-
-def check_double_buffer(double_buffer: Any, envs: Any) -> None:
-    """Refuses a ``double_buffer`` that is not a bool, and ``double_buffer=True`` with a live vector env."""
-    if not isinstance(double_buffer, bool):
-        raise TypeError(
-            f"Collector: double_buffer must be True or False, got {type(double_buffer).__name__} {double_buffer!r}"
-        )
-    if double_buffer and isinstance(envs, VectorEnv):
-        raise ValueError(
-            f"Collector: double_buffer=True builds two groups of envs from an env id or a make_envs function, but "
-            f"envs is a live {type(envs).__name__}; pass the id or function, or pass "
-            "torch_rollout.DoubleBufferedVectorEnv([group_0, group_1]) of two AsyncVectorEnv as envs"
-        )
-
-
-def check_double_buffer_shares(shares: list[tuple[int, int]]) -> None:
-    """Refuses worker shares of envs that do not split into two equal groups."""
-    counts = [count for _, count in shares]
-    if any(count % 2 for count in counts):
-        workers = f"over {len(counts)} workers gives shares of {counts} envs" if len(counts) > 1 else "is odd"
-        raise ValueError(
-            f"Collector: double_buffer=True splits each worker's envs into two equal groups, but num_envs="
-            f"{sum(counts)} {workers}; pass a num_envs that is a multiple of {2 * len(counts)}"
-        )
+        return f"double_buffered({self.recipe!r})"
 
 
 def _check_groups(groups: list[VectorEnv]) -> None:

@@ -7,7 +7,7 @@ import pickle
 import re
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Union
 
 import gymnasium
@@ -18,36 +18,79 @@ from torch_rollout._spaces import describe_bad_single_obs
 
 __all__ = [
     "EnvRecipe",
+    "GymEnvs",
     "RemoteTraceback",
     "autoreset_mode",
     "build_envs",
     "check_picklable",
     "explain_env_error",
+    "gym_envs",
     "split_envs",
 ]
 
 # What a worker builds its envs from: an env id, or make_envs(num_envs[, start_index]) -> VectorEnv.
 EnvRecipe = Union[str, Callable[..., VectorEnv]]
 
-def build_envs(
-    recipe: EnvRecipe, num_envs: int, *, start_index: int = 0, env_kwargs: Mapping[str, Any] | None = None
-) -> VectorEnv:
-    """Builds ``num_envs`` envs whose first has the global index ``start_index``.
+def gym_envs(env_id: str, **kwargs: Any) -> GymEnvs:
+    """A picklable recipe of gymnasium vector envs: ``gymnasium.make_vec(env_id, num_envs=n, **kwargs)``.
 
-    ``recipe`` is an env id for :func:`gymnasium.make_vec` (with ``env_kwargs``),
-    or a callable ``make_envs(num_envs)``, or ``make_envs(num_envs, start_index=...)``
-    when its signature has a ``start_index`` parameter.
+    Pass it as the Collector's ``envs`` where keyword arguments of
+    :func:`gymnasium.make_vec` are needed (a plain env id takes none); worker
+    processes and Ray actors each call it for their share of the envs.
+
+    Args:
+        env_id: a registered gymnasium id (an id registered by a module of yours:
+            ``"module:EnvName-v0"``, so that worker processes import that module too).
+        kwargs: keyword arguments of :func:`gymnasium.make_vec` (``vectorization_mode``,
+            ``vector_kwargs``, ``wrappers``) and of the env itself.
+
+    Examples:
+        >>> recipe = gym_envs("CartPole-v1", vectorization_mode="sync")
+        >>> recipe
+        gym_envs('CartPole-v1', vectorization_mode='sync')
+        >>> recipe(3).num_envs
+        3
     """
-    if isinstance(recipe, str):
+    return GymEnvs(env_id, **kwargs)
+
+
+class GymEnvs:
+    """The recipe that :func:`gym_envs` returns: ``make_envs(num_envs)`` for an env id and its keyword arguments."""
+
+    def __init__(self, env_id: str, **kwargs: Any) -> None:
+        if not isinstance(env_id, str):
+            raise TypeError(f"gym_envs: env_id must be a gymnasium env id str, got {type(env_id).__name__} {env_id!r}")
+        if "num_envs" in kwargs:
+            raise TypeError("gym_envs: num_envs is the Collector's argument (each worker builds its share); leave it out")
+        self.env_id = env_id
+        self.kwargs = kwargs
+
+    def __call__(self, num_envs: int) -> VectorEnv:
         try:
-            envs = gymnasium.make_vec(recipe, num_envs=num_envs, **(env_kwargs or {}))
+            return gymnasium.make_vec(self.env_id, num_envs=num_envs, **self.kwargs)
         except gymnasium.error.Error as exc:
             raise ValueError(
-                f"Collector: unknown env id envs={recipe!r}: {exc} (an id registered by a module of yours "
+                f"Collector: unknown env id envs={self.env_id!r}: {exc} (an id registered by a module of yours "
                 "must be given as 'module:EnvName-v0', so that gymnasium imports that module in worker "
                 "processes too)"
             ) from exc
-    elif _takes_start_index(recipe):
+
+    def __repr__(self) -> str:
+        kwargs = "".join(f", {key}={value!r}" for key, value in self.kwargs.items())
+        return f"gym_envs({self.env_id!r}{kwargs})"
+
+
+def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> VectorEnv:
+    """Builds ``num_envs`` envs whose first has the global index ``start_index``.
+
+    ``recipe`` is an env id for :func:`gymnasium.make_vec`, or a callable
+    ``make_envs(num_envs)`` (such as :func:`gym_envs`), or
+    ``make_envs(num_envs, start_index=...)`` when its signature has a
+    ``start_index`` parameter.
+    """
+    if isinstance(recipe, str):
+        recipe = GymEnvs(recipe)
+    if _takes_start_index(recipe):
         envs = recipe(num_envs, start_index=start_index)
     else:
         envs = recipe(num_envs)

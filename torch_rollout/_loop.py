@@ -20,6 +20,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
 from torch_rollout._envpool import check_envpool
+from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._infos import InfoRecorder
 from torch_rollout._spaces import (
     ActionConverter,
@@ -33,9 +34,10 @@ from torch_rollout._spaces import (
     select_obs,
     stack_final_obs,
 )
-from torch_rollout.gae import compute_gae
+from torch_rollout._spec import LoopSpec
+from torch_rollout.gae import GAE, compute_gae
 
-__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy"]
+__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy", "empty_rows"]
 
 # Rows the loop fills from NumPy on the host, with their dtypes.
 _HOST_KEYS = {
@@ -137,62 +139,50 @@ class RolloutLoop:
     Args:
         envs: the vector env; the loop resets it with ``seed`` and then owns its stepping.
         forward: the placement's policy call (it holds the weights lock and knows the version).
-        num_steps: rows per batch (``T``).
+        spec: the collector's settings, the same for every loop (rows per batch, obs key, finite
+            checks, info keys, a recurrent policy's initial state of all the collector's envs:
+            this loop takes the rows of its own envs, from ``env_offset``).
         device: where the policy runs (observations are moved there).
         storage_device: where batches are written; ``device`` for the thread,
             the CPU (shared memory) for worker processes.
         seed: seed of the first reset (sub-env ``i`` gets ``seed + i``).
-        autoreset_mode: the env's autoreset mode.
-        check_finite: raise on NaN or inf observations, rewards and actions.
         stop: polled before each step; True raises :class:`Stopped`.
-        env_offset: global index of env 0, for error messages.
-        info_keys: ``{key: example or None}`` of the env infos to keep (see :class:`InfoRecorder`).
-        obs_key: the batch key of observations, and the key a TensorDictModule reads them from.
-        initial_state: recurrent mode: the initial state of all the collector's
-            envs, ``[num_envs_total, ...]``; this loop takes the rows of its own
-            envs (from ``env_offset``), resets an env's state to its row at each
-            episode start, and writes ``is_init`` and the state that went into
-            each step at the state's keys of the batch.
+        env_offset: global index of env 0, for error messages and the initial state's rows.
     """
 
     def __init__(
         self,
         envs: VectorEnv,
         forward: Forward,
+        spec: LoopSpec,
         *,
-        num_steps: int,
         device: torch.device,
         storage_device: torch.device | None = None,
         seed: int | None = None,
-        autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
-        check_finite: bool = False,
         stop: Callable[[], bool] = lambda: False,
         env_offset: int = 0,
-        info_keys: Mapping[str, Any] | None = None,
-        obs_key: str = "obs",
-        initial_state: TensorDictBase | None = None,
     ) -> None:
         self.envs = envs
         self.forward = forward
-        self.num_steps = num_steps
+        self.num_steps = spec.num_steps
         self.num_envs = envs.num_envs
         self.device = device
         self.storage_device = device if storage_device is None else storage_device
         self.seed = seed
-        self.autoreset_mode = autoreset_mode
-        self.check_finite = check_finite
+        self.autoreset_mode = autoreset_mode = env_autoreset_mode(envs)
+        self.check_finite = spec.check_finite
         self.stop = stop
         self.env_offset = env_offset
-        self.obs_key = obs_key
-        self.infos = None if info_keys is None else InfoRecorder(
-            info_keys, num_envs=envs.num_envs, autoreset_mode=autoreset_mode, env_offset=env_offset
-        )  # fmt: skip
+        self.obs_key = spec.obs_key
         check_envpool(envs, seed)  # a pool of the user's own given a seed (it would ignore it) is refused
+        self.infos = None if spec.info_keys is None else InfoRecorder(
+            spec.info_keys, num_envs=self.step_width(envs), autoreset_mode=autoreset_mode, env_offset=env_offset
+        )  # fmt: skip
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
-        self.to_env_action = ActionConverter(envs.single_action_space, envs.num_envs, env_offset=env_offset)
-        self.check_obs = ObsChecker(self.obs_space, envs.num_envs)
+        self.to_env_action = ActionConverter(envs.single_action_space, self.step_width(envs), env_offset=env_offset)
+        self.check_obs = ObsChecker(self.obs_space, self.step_width(envs))
         self.reset_pending = False
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.call = "envs.reset()"  # the env or policy call the loop is in or made last, for a stuck thread
@@ -204,11 +194,17 @@ class RolloutLoop:
         self.on_host = self.storage_device.type == "cpu"
         self.host_keys = _HOST_KEYS
         self.initial_state = None
+        initial_state = spec.initial_state
         if initial_state is not None:
             self.host_keys = {**_HOST_KEYS, "is_init": np.bool_}
             rows = initial_state[env_offset : env_offset + self.num_envs]
             self.initial_state = rows.to(device).clone()
             self.state_keys = list(rows.keys(include_nested=True, leaves_only=True))
+
+    @staticmethod
+    def step_width(envs: VectorEnv) -> int:
+        """Envs that one step returns: all of them."""
+        return envs.num_envs
 
     def reseed(self, seed: int | None) -> None:
         """Resets the envs with ``seed`` before the next batch (a resumed collector's part of the seed stream)."""
@@ -275,14 +271,14 @@ class RolloutLoop:
                 raw, version = self._forward(PolicyCall(obs_t))
             else:
                 if states is None:
-                    states = _empty_rows(self.state, T, self.storage_device)
+                    states = empty_rows(self.state, T, self.storage_device)
                 states[t] = self.state
                 host["is_init"][t] = self.is_init
                 raw, version = self._forward(PolicyCall(obs_t, self.state, self._is_init_tensor(self.is_init)))
                 raw, next_state = self._split_state(raw, N)
             out_t = self._check_outputs(raw, N)
             if outputs is None:
-                outputs = {key: _empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
+                outputs = {key: empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
                 output_rows = {key: _rows(value) for key, value in outputs.items()}
             for key, value in out_t.items():
                 rows = output_rows[key]
@@ -611,17 +607,17 @@ def _rows(value: Tensor | TensorDictBase) -> list[Tensor] | None:
     return list(value.unbind(0)) if isinstance(value, Tensor) else None
 
 
-def _empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
+def empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
     """Uninitialised storage for ``T`` rows shaped like one step's policy output ``value``."""
     if isinstance(value, Tensor):
         return torch.empty((T, *value.shape), dtype=value.dtype, device=device)
     return value.unsqueeze(0).expand(T, *value.batch_size).clone().to(device)
 
 
-def add_advantages(batch: TensorDict, *, gamma: float, gae_lambda: float) -> TensorDict:
-    """Adds ``done`` and, when the batch has values, GAE ``advantage`` and ``return`` (in place)."""
+def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
+    """Adds ``done`` and, with ``gae`` and when the batch has values, GAE ``advantage`` and ``return`` (in place)."""
     batch["done"] = batch["terminated"] | batch["truncated"]
-    if "next_value" not in batch.keys():
+    if gae is None or "next_value" not in batch.keys():
         return batch
     value = batch["value" if "value" in batch.keys() else "state_value"]
     advantage, return_ = compute_gae(
@@ -630,8 +626,8 @@ def add_advantages(batch: TensorDict, *, gamma: float, gae_lambda: float) -> Ten
         batch["next_value"],
         batch["terminated"],
         batch["truncated"],
-        gamma=gamma,
-        gae_lambda=gae_lambda,
+        gamma=gae.gamma,
+        gae_lambda=gae.gae_lambda,
     )
     # Reset rows of NEXT_STEP carry no transition: zero advantage, excluded by mask.
     real = batch["mask"]

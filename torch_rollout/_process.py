@@ -12,7 +12,6 @@ workers never wait for one another.
 
 from __future__ import annotations
 
-import collections
 import copy
 import multiprocessing
 import multiprocessing.connection
@@ -20,9 +19,8 @@ import os
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -30,10 +28,14 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._async_loop import loop_class
+from gymnasium.vector import AutoresetMode
+
 from torch_rollout._compile import acting_call
-from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
+from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import PolicyCall, Stopped
+from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop
+from torch_rollout._spec import LoopSpec
+from torch_rollout._weights import named_weights
 
 __all__ = ["ProcessPlacement"]
 
@@ -53,62 +55,46 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-class ProcessPlacement:
+class ProcessPlacement(RemotePlacement):
     """Runs the collection loop in ``num_workers`` processes; envs in global order in every batch.
 
     Args:
         recipe: env id or ``make_envs(num_envs[, start_index])``, pickled to each worker.
         shared_policy: the acting copy, already in shared memory (its tensors are refreshed in place).
+        spec: the loops' settings, pickled to each worker.
         num_envs: envs in all (``N``), split into contiguous shares.
         num_workers: worker processes (``K``).
         prefetch: batches a worker may collect ahead; it keeps ``prefetch + 1`` slots.
         device: where batches are delivered (and where workers run the policy).
         seed: env ``j`` is seeded ``seed + j``.
-        env_kwargs: for an env id.
         startup_timeout: seconds to wait for the workers to build and reset their envs.
-        compile_options: ``torch.compile`` keyword arguments: each worker compiles its own policy
-            calls (see ``torch_rollout._compile``); None: eager.
-        loop_kwargs: ``num_steps``, ``check_finite``.
 
-    The consumer talks to it as to the thread placement: ``request()``,
-    ``wait()``, then takes the result from ``ready`` without a call, and
-    ``refresh()``. Unlike the thread's, these talk to the workers one call at a
-    time (pipes, locks), so they hold Ctrl-C back while they do: what an
+    Unlike the thread's, its calls talk to the workers one call at a time
+    (pipes, locks), so they hold Ctrl-C back while they do: what an
     interrupted ``next()`` received stays for the next one.
     """
-
-    name = "process"
 
     def __init__(
         self,
         recipe: EnvRecipe,
         shared_policy: nn.Module,
+        spec: LoopSpec,
         *,
         num_envs: int,
         num_workers: int,
         prefetch: int,
         device: torch.device,
         seed: int | None,
-        env_kwargs: Mapping[str, Any] | None,
         startup_timeout: float | None,
-        compile_options: dict[str, Any] | None = None,
-        **loop_kwargs: Any,
     ) -> None:
+        super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         ctx = _context()
-        self.device = device
-        self.num_workers = num_workers
+        self.weights = dict(named_weights(shared_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
-        self.requested = 0
-        # Results for the consumer: the next batches, or the error that ended collection.
-        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
-        self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
-        self._failure: BaseException | None = None  # a worker's error or death
-        self.closed = False
-        self.shares = split_envs(num_envs, num_workers)
         try:
             for index, (start, count) in enumerate(self.shares):
                 parent_end, child_end = ctx.Pipe()
@@ -116,9 +102,8 @@ class ProcessPlacement:
                     target=_worker_main,
                     name=f"torch_rollout-worker-{index}",
                     args=(
-                        index, child_end, recipe, env_kwargs, count, start, shared_policy, self.locks[index],
-                        self.control, device, None if seed is None else seed + start, prefetch + 1, loop_kwargs,
-                        compile_options,
+                        index, child_end, recipe, spec, count, start, shared_policy, self.locks[index], self.control,
+                        device, None if seed is None else seed + start, prefetch + 1,
                     ),
                 )  # fmt: skip
                 process.start()
@@ -127,22 +112,19 @@ class ProcessPlacement:
                 self.processes.append(process)
             # Each worker reports its envs once they are built and reset (or the error that stopped it).
             deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-            infos = self._gather("ready", deadline)
-            if infos is None:
+            if not self._gather("ready", deadline):
                 raise self._failure or TimeoutError(
                     f"Collector: the worker processes did not build and reset their envs within timeout="
                     f"{startup_timeout} s"
                 )
+            modes = {self._received[k]["autoreset_mode"] for k in range(num_workers)}
             self._received = {}
+            if len(modes) > 1:
+                raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")
         except BaseException:
             self.close(0.0)
             raise
-        self.info = infos[0]
-        self.num_envs = num_envs
-        modes = {info["autoreset_mode"] for info in infos}
-        if len(modes) > 1:
-            self.close(0.0)
-            raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")
+        self.autoreset_mode = AutoresetMode(modes.pop())
 
     def start(self) -> None:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
@@ -158,7 +140,7 @@ class ProcessPlacement:
         if self.control is None:  # closed: the shared copy went with the workers
             return
         # Ctrl-C waits: the locks are taken one call at a time, and one left held would stall its worker.
-        with _sigint_deferred(), ExitStack() as stack:
+        with sigint_deferred(), ExitStack() as stack:
             for lock in self.locks:
                 stack.enter_context(lock)
             self.control[_VERSION] += 1
@@ -167,7 +149,7 @@ class ProcessPlacement:
 
     def set_version(self, version: int) -> None:
         """Counts versions on from ``version`` (a resumed collector's), before the first batch."""
-        with _sigint_deferred(), ExitStack() as stack:
+        with sigint_deferred(), ExitStack() as stack:
             for lock in self.locks:
                 stack.enter_context(lock)
             self.control[_VERSION] = version
@@ -176,7 +158,7 @@ class ProcessPlacement:
 
     def reseed(self, seed: int | None) -> None:
         """Has each worker reset its envs from ``seed`` (its share from ``seed + start``) before its next batch."""
-        with _sigint_deferred():
+        with sigint_deferred():
             for conn, (start, _) in zip(self.conns, self.shares):
                 try:
                     conn.send(("reseed", None if seed is None else seed + start))
@@ -185,31 +167,13 @@ class ProcessPlacement:
 
     def request(self) -> None:
         # Ctrl-C waits: a request that reached only some workers would let those run a batch ahead.
-        with _sigint_deferred():
+        with sigint_deferred():
             self.requested += 1
             for conn in self.conns:
                 try:
                     conn.send(None)
                 except OSError:  # a worker that died: wait() reports why
                     pass
-
-    def wait(self, deadline: float | None) -> bool:
-        """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
-
-        Returns False when ``deadline`` (monotonic) passes first. Ctrl-C lands
-        only while waiting: what was received stays for the next call.
-        """
-        while not self.ready:
-            indices = self._gather("batch", deadline)
-            with _sigint_deferred():
-                if self._failure is not None:
-                    self.ready.append((None, self._failure))
-                elif indices is None:
-                    return False
-                else:
-                    self.ready.append((self._assemble(indices), None))
-                    self._received = {}
-        return True
 
     def _assemble(self, indices: list[int]) -> TensorDict:
         parts = [self.slots[k][i] for k, i in enumerate(indices)]
@@ -218,47 +182,28 @@ class ProcessPlacement:
             return parts[0].to(self.device) if self.device.type != "cpu" else parts[0].clone()
         return torch.cat(parts, dim=1).to(self.device)
 
-    def _gather(self, kind: str, deadline: float | None) -> list[Any] | None:
-        """One message of ``kind`` from every worker, in worker order (kept in ``_received`` until taken).
-
-        Returns None when a worker failed (its error or death is ``_failure``)
-        or ``deadline`` passes first.
-        """
-        while len(self._received) < self.num_workers and self._failure is None:
-            if deadline is not None and time.monotonic() > deadline:
-                return None
-            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-            pending = {self.conns[k]: k for k in range(self.num_workers) if k not in self._received}
-            sentinels = {self.processes[k].sentinel: k for k in pending.values()}
-            readable = multiprocessing.connection.wait([*pending, *sentinels], timeout)
-            with _sigint_deferred():  # a message read must be recorded: half-read, the pipe is out of step
-                self._receive(kind, pending, [sentinels[s] for s in readable if s in sentinels])
-        if self._failure is not None:
-            return None
-        return [self._received[k] for k in range(self.num_workers)]
-
-    def _receive(self, kind: str, pending: dict[multiprocessing.connection.Connection, int], exited: list[int]) -> None:
-        """Records the messages of the ``pending`` workers that are in their pipes, or the first failure."""
-        for conn, k in pending.items():
-            if conn.poll():
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
+    def _poll(self, kind: str, pending: list[int], timeout: float) -> None:
+        conns = {self.conns[k]: k for k in pending}
+        sentinels = {self.processes[k].sentinel: k for k in pending}
+        readable = multiprocessing.connection.wait([*conns, *sentinels], timeout)
+        exited = [sentinels[s] for s in readable if s in sentinels]
+        with sigint_deferred():  # a message read must be recorded: half-read, the pipe is out of step
+            for conn, k in conns.items():
+                if conn.poll():
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        self._failure = self._death(k, kind)
+                        return
+                    self._record(k, message)
+                    if self._failure is not None:
+                        return
+                elif k in exited:
                     self._failure = self._death(k, kind)
                     return
-                if message[0] == "error":
-                    self._failure = self._remote_error(k, *message[1:])
-                    return
-                self._received[k] = self._unpack(k, message)
-            elif k in exited:
-                self._failure = self._death(k, kind)
-                return
 
-    def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
-        exc.__cause__ = RemoteTraceback(f'\n"""\nin worker {k} (pid {self.processes[k].pid}):\n{text}"""')
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"(raised in torch_rollout worker process {k}, pid {self.processes[k].pid})")
-        return exc
+    def _who(self, k: int) -> str:
+        return f"worker {k} (pid {self.processes[k].pid})"
 
     def _unpack(self, k: int, message: tuple) -> Any:
         tag, payload = message[0], message[1:]
@@ -300,10 +245,10 @@ class ProcessPlacement:
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    def close(self, join_timeout: float) -> bool:
-        """Stops every worker: asks, waits up to ``join_timeout`` (at most 5 s), then terminates. Always True."""
+    def close(self, join_timeout: float) -> None:
+        """Stops every worker: asks, waits up to ``join_timeout`` (at most 5 s), then terminates."""
         if self.closed:
-            return True
+            return
         self.closed = True
         self.control[_STOP] = 1  # a worker inside a batch stops at its next step
         for conn in self.conns:
@@ -330,31 +275,9 @@ class ProcessPlacement:
         # dropped: not as long as a closed collector that the trainer still holds.
         self.final_version = int(self.control[_VERSION])
         self.control = None
+        self.weights = None  # the shared-memory copy goes with the workers
         self.locks = []
         self.slots = [None] * self.num_workers
-        return True
-
-
-@contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Holds Ctrl-C (SIGINT) back until the block ends, then delivers it to the handler it was meant for.
-
-    For the consumer's short critical sections, which talk to the workers one
-    call at a time: there a KeyboardInterrupt would leave a pipe half-read, a
-    worker's lock held or a received batch unrecorded. Signals run their
-    handlers in the main thread only, so elsewhere there is nothing to defer.
-    """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # (None: a handler installed outside Python, which could not be put back)
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            signal.raise_signal(signal.SIGINT)
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -364,7 +287,7 @@ def _worker_main(
     index: int,
     conn: multiprocessing.connection.Connection,
     recipe: EnvRecipe,
-    env_kwargs: Mapping[str, Any] | None,
+    spec: LoopSpec,
     num_envs: int,
     start_index: int,
     policy: nn.Module,
@@ -373,8 +296,6 @@ def _worker_main(
     device: torch.device,
     seed: int | None,
     num_slots: int,
-    loop_kwargs: dict[str, Any],
-    compile_options: dict[str, Any] | None,
 ) -> None:
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -389,16 +310,11 @@ def _worker_main(
     envs = None
     try:
         with torch.no_grad():
-            envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
-            forward = _WorkerForward(
-                policy, lock, ctrl, device, loop_kwargs.get("obs_key", "obs"), num_envs, compile_options
-            )  # fmt: skip
-            loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
-                envs, forward, device=device, storage_device=torch.device("cpu"), seed=seed,
-                autoreset_mode=autoreset_mode(envs), stop=lambda: bool(ctrl[_STOP]), env_offset=start_index,
-                **loop_kwargs,
-            )  # fmt: skip
-            loop.reset()
+            envs = build_envs(recipe, num_envs, start_index=start_index)
+            forward = _WorkerForward(policy, lock, ctrl, device, spec, num_envs)
+            loop = worker_loop(
+                envs, spec, forward, start_index=start_index, device=device, seed=seed, stop=lambda: bool(ctrl[_STOP])
+            )
             conn.send(("ready", {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs)}))
             slots: list[TensorDict] = []
             credits = 0  # requests that arrived while the worker waited for the parent to map its slots
@@ -434,7 +350,7 @@ def _worker_main(
         if not ctrl[_STOP]:
             if envs is not None:
                 exc = explain_env_error(envs, exc, env_offset=start_index)
-            _send_error(conn, exc)
+            conn.send(error_message(exc, ForkingPickler.dumps))
     finally:
         if envs is not None:
             try:
@@ -452,12 +368,10 @@ class _WorkerForward:
         lock: Any,
         ctrl: Any,
         device: torch.device,
-        obs_key: str,
+        spec: LoopSpec,
         num_envs: int,
-        compile_options: dict[str, Any] | None,
     ) -> None:
         self.shared = shared
-        self.obs_key = obs_key
         self.lock = lock
         self.ctrl = ctrl
         self.device = device
@@ -465,7 +379,7 @@ class _WorkerForward:
         # refreshed from the shared one whenever the version changes.
         self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device).eval()
         # With compile_options, this worker compiles its own calls of the runner (at the first one).
-        self.act = acting_call(self.runner, compile_options, num_envs=num_envs, obs_key=obs_key, owned=True)
+        self.act = acting_call(self.runner, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True)
         self.seen = -1
 
     def __call__(self, call: PolicyCall) -> tuple[Any, int]:
@@ -477,14 +391,6 @@ class _WorkerForward:
                         dst.copy_(src)
                 self.seen = version
             return self.act(call), version
-
-
-def _send_error(conn: multiprocessing.connection.Connection, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        conn.send(("error", exc, text))
-    except Exception:  # an exception that cannot be pickled: its type name and message still travel
-        conn.send(("error", RuntimeError(f"{type(exc).__qualname__}: {exc}"), text))
 
 
 def _watch_parent() -> None:

@@ -19,21 +19,22 @@ import collections
 import logging
 import os
 import time
-import traceback
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._async_loop import loop_class
 from torch_rollout._compile import acting_call
-from torch_rollout._envs import EnvRecipe, RemoteTraceback, autoreset_mode, build_envs, explain_env_error, split_envs
+from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import PolicyCall, Stopped
-from torch_rollout._process import _sigint_deferred
+from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop
+from torch_rollout._spec import LoopSpec
+from torch_rollout._weights import named_weights
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
 
@@ -88,31 +89,26 @@ def flatten_weights_(module: nn.Module, device: torch.device) -> Tensor:
     return flat
 
 
-class RayPlacement:
+class RayPlacement(RemotePlacement):
     """Runs the collection loop in ``num_workers`` Ray actors; envs in global order in every batch.
 
     Args:
         recipe: env id or ``make_envs(num_envs[, start_index])``, sent to each actor (cloudpickle).
         runner: the acting copy of the policy on the CPU; it stays in the trainer (its tensors
             become views of one flat buffer, published at each refresh).
+        spec: the loops' settings, sent to each actor.
         num_envs: envs in all (``N``), split into contiguous shares.
         num_workers: actors (``K``).
         prefetch: batches a worker may collect ahead (requests queued at its actor).
         device: where batches are delivered. Actors run the policy on the CPU, or on their
             CUDA device when ``options`` gives them GPUs.
         seed: env ``j`` is seeded ``seed + j``.
-        env_kwargs: for an env id.
         startup_timeout: seconds to wait for the actors to be placed and to build their envs.
         options: Ray actor options for every worker (``num_cpus``, ``num_gpus``, ``resources``,
             ``runtime_env``, ``scheduling_strategy``, ...), and ``max_restarts``: how many times
             torch_rollout recreates a worker whose actor died (default 0: the death is an error).
-        compile_options: ``torch.compile`` keyword arguments: each actor compiles its own policy
-            calls (see ``torch_rollout._compile``); None: eager.
-        loop_kwargs: ``num_steps``, ``check_finite``.
 
-    The consumer talks to it as to the other placements: ``request()``,
-    ``wait()``, then takes the result from ``ready`` without a call, and
-    ``refresh()``. Ray is used as the trainer found it: an initialised Ray (the
+    Ray is used as the trainer found it: an initialised Ray (the
     user's ``ray.init(address=...)``) is used and left running; otherwise a
     local Ray is started, and it too is left running when the collector closes
     (later collectors reuse it; Ray shuts it down at interpreter exit, or
@@ -122,50 +118,33 @@ class RayPlacement:
     again from those fresh envs.
     """
 
-    name = "ray"
-
     def __init__(
         self,
         recipe: EnvRecipe,
         runner: nn.Module,
+        spec: LoopSpec,
         *,
         num_envs: int,
         num_workers: int,
         prefetch: int,
         device: torch.device,
         seed: int | None,
-        env_kwargs: Mapping[str, Any] | None,
         startup_timeout: float | None,
         options: Mapping[str, Any] | None,
-        compile_options: dict[str, Any] | None = None,
-        **loop_kwargs: Any,
     ) -> None:
+        super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         ray = self.ray = import_ray()
-        self.device = device
-        self.num_envs = num_envs
-        self.num_workers = num_workers
-        self.shares = split_envs(num_envs, num_workers)
         self.seed = seed
         options = dict(options or {})
-        self.max_restarts = options.pop("max_restarts", 0)
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(
-                f"Collector: ray_options['max_restarts'] must be an int >= 0 (restarts per worker), got "
-                f"{self.max_restarts!r}"
-            )
+        self.max_restarts = options.pop("max_restarts", 0)  # checked by torch_rollout.Ray
         self.restarts = [0] * num_workers
-        self.requested = 0
-        # Results for the consumer: the next batches, or the error that ended collection.
-        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
         self._pending: collections.deque[list[Any]] = collections.deque()  # per requested batch: K result refs
-        self._received: dict[int, Any] = {}  # worker -> its part of the batch being gathered
-        self._failure: BaseException | None = None
-        self.closed = False
         self.actors: list[Any] = [None] * num_workers
         self.where: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # node, pid, actor of each worker
         # Weights: version 0 travels inside the set-up payload; later ones as one object per refresh.
         self._version = 0
         self._flat = flatten_weights_(runner, torch.device("cpu"))
+        self.weights = dict(named_weights(runner))  # views of the flat buffer
         self._weights: Any = None
         self._sent = [0] * num_workers  # the version each worker holds once its queued requests ran
         self.startup_timeout = startup_timeout
@@ -173,26 +152,26 @@ class RayPlacement:
         try:
             self._actor_class = ray.remote(_RayWorker).options(**options)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"Collector: ray_options={dict(options)!r} are not valid Ray actor options: {exc}") from exc
+            raise ValueError(f"Collector: Ray(options={dict(options)!r}) are not valid Ray actor options: {exc}") from exc
         try:
-            self._payload = ray.put((recipe, dict(env_kwargs or {}), runner, loop_kwargs, compile_options))
-            refs = [self._start(k) for k in range(num_workers)]
+            self._payload = ray.put((recipe, runner, spec))
+            self._ready_refs = [self._start(k) for k in range(num_workers)]
             deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-            if not self._gather(refs, "ready", deadline):
+            if not self._gather("ready", deadline):
                 raise self._failure or TimeoutError(
                     f"Collector: the Ray workers were not placed or did not build and reset their envs within "
-                    f"timeout={startup_timeout} s (Ray waits until a node offers the resources of ray_options)"
+                    f"timeout={startup_timeout} s (Ray waits until a node offers the resources of Ray(options=...))"
                 )
-            infos = [self._received[k] for k in range(num_workers)]
+            modes = {self._received[k]["autoreset_mode"] for k in range(num_workers)}
             self._received = {}
+            if len(modes) > 1:
+                raise ValueError(
+                    f"Collector: the Ray workers' vector envs run in different autoreset modes {sorted(modes)}"
+                )
         except BaseException:
             self.close(0.0)
             raise
-        self.info = infos[0]
-        modes = {info["autoreset_mode"] for info in infos}
-        if len(modes) > 1:
-            self.close(0.0)
-            raise ValueError(f"Collector: the Ray workers' vector envs run in different autoreset modes {sorted(modes)}")
+        self.autoreset_mode = AutoresetMode(modes.pop())
 
     def start(self) -> None:
         pass  # the actors started in __init__: their envs had to exist before the Collector did
@@ -216,7 +195,7 @@ class RayPlacement:
         if self.closed:
             return
         # All or nothing under Ctrl-C: the copy, the object and the version are one step for the consumer.
-        with _sigint_deferred():
+        with sigint_deferred():
             if dst:
                 torch._foreach_copy_(dst, src)
             self._weights = self.ray.put(self._flat.numpy())
@@ -244,7 +223,7 @@ class RayPlacement:
 
     def request(self) -> None:
         # Ctrl-C waits: a request that reached only some workers would let those run a batch ahead.
-        with _sigint_deferred():
+        with sigint_deferred():
             self.requested += 1
             if self._failure is None and not self.closed:
                 self._pending.append([self._submit(k) for k in range(self.num_workers)])
@@ -255,44 +234,18 @@ class RayPlacement:
             weights, self._sent[k] = self._weights, self._version
         return self.actors[k].collect.remote(self._version, weights)
 
-    def wait(self, deadline: float | None) -> bool:
-        """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
+    def _poll(self, kind: str, pending: list[int], timeout: float) -> None:
+        # The refs of the batch being gathered (a restart replaces a dead worker's).
+        refs = self._ready_refs if kind == "ready" else self._pending[0]
+        waiting = {refs[k]: k for k in pending}
+        done, _ = self.ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout, fetch_local=True)
+        with sigint_deferred():  # an answer taken must be recorded
+            for ref in done:
+                if self._failure is None and waiting[ref] not in self._received:
+                    self._take(waiting[ref], ref, kind)
 
-        Returns False when ``deadline`` (monotonic) passes first. Ctrl-C lands
-        only while waiting: what was received stays for the next call.
-        """
-        while not self.ready:
-            gathered = self._failure is None and self._gather(self._pending[0], "batch", deadline)
-            with _sigint_deferred():
-                if self._failure is not None:
-                    self.ready.append((None, self._failure))
-                elif not gathered:
-                    return False
-                else:
-                    batch = self._assemble([self._received[k] for k in range(self.num_workers)])
-                    self._pending.popleft()
-                    self._received = {}
-                    self.ready.append((batch, None))
-        return True
-
-    def _gather(self, refs: list[Any], kind: str, deadline: float | None) -> bool:
-        """Receives every worker's answer in ``refs`` into ``_received`` (``refs`` may change on a restart).
-
-        Returns False when a worker failed (its error or death is ``_failure``)
-        or ``deadline`` passes first.
-        """
-        ray = self.ray
-        while len(self._received) < self.num_workers and self._failure is None:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            waiting = {refs[k]: k for k in range(self.num_workers) if k not in self._received}
-            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-            done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout, fetch_local=True)
-            with _sigint_deferred():  # an answer taken must be recorded
-                for ref in done:
-                    if self._failure is None and waiting[ref] not in self._received:
-                        self._take(waiting[ref], ref, kind)
-        return self._failure is None
+    def _taken(self) -> None:
+        self._pending.popleft()
 
     def _take(self, k: int, ref: Any, kind: str) -> None:
         """Records worker ``k``'s answer, or its error, or handles its death (a restart or ``_failure``)."""
@@ -309,13 +262,9 @@ class RayPlacement:
             else:
                 self._failure = self._death(k, kind, exc)
             return
-        if message[0] == "error":
-            self._failure = self._remote_error(k, message[1], message[2])
-        elif message[0] == "ready":
+        if message[0] == "ready":
             self.where[k] = message[1]
-            self._received[k] = message[1]
-        else:
-            self._received[k] = message[1]
+        self._record(k, message)
 
     def _assemble(self, parts: list[dict[Any, Any]]) -> TensorDict:
         # One copy out of the object store: the concatenation (also for one worker, whose arrays are read-only).
@@ -338,11 +287,8 @@ class RayPlacement:
             return f"envs {start}..{start + count - 1}, not placed yet"
         return f"actor {where['actor'][:12]}, pid {where['pid']}, node {where['node']}, envs {start}..{start + count - 1}"
 
-    def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
-        exc.__cause__ = RemoteTraceback(f'\n"""\nin Ray worker {k} ({self._describe(k)}):\n{text}"""')
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"(raised in torch_rollout Ray worker {k}: {self._describe(k)})")
-        return exc
+    def _who(self, k: int) -> str:
+        return f"Ray worker {k} ({self._describe(k)})"
 
     def _death(self, k: int, kind: str, exc: BaseException) -> RuntimeError:
         lines = str(exc).strip().splitlines()
@@ -352,7 +298,7 @@ class RayPlacement:
         error = RuntimeError(
             f"Collector: Ray worker {k} ({self._describe(k)}) died {when}{restarts} ({cause}); the collector is "
             "closed and its other workers are stopped"
-            + ("" if self.max_restarts else "; ray_options={'max_restarts': n} recreates a dead worker instead")
+            + ("" if self.max_restarts else "; Ray(num_workers, options={'max_restarts': n}) recreates a dead worker instead")
         )
         error.__cause__ = exc
         return error
@@ -386,10 +332,10 @@ class RayPlacement:
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    def close(self, join_timeout: float) -> bool:
+    def close(self, join_timeout: float) -> None:
         """Stops every actor: cancels its queued batches, lets it close its envs (at most 5 s), then kills it."""
         if self.closed:
-            return True
+            return
         self.closed = True
         ray = self.ray
         actors = [actor for actor in self.actors if actor is not None]
@@ -407,7 +353,6 @@ class RayPlacement:
         self._pending.clear()
         self._received = {}
         self._weights = self._payload = None
-        return True
 
 
 def _quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -447,7 +392,7 @@ class _RayWorker:
     def setup(self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None) -> tuple:
         import ray
 
-        recipe, env_kwargs, policy, loop_kwargs, compile_options = payload
+        recipe, policy, spec = payload
         context = ray.get_runtime_context()
         self.is_canceled = getattr(context, "is_canceled", lambda: False)
         self.start_index = start_index
@@ -464,18 +409,16 @@ class _RayWorker:
             self.runner = policy.to(device)
             self.flat = flatten_weights_(self.runner, device)
             self.version = 0
-            with torch.no_grad():
-                self.envs = build_envs(recipe, num_envs, start_index=start_index, env_kwargs=env_kwargs)
-                self.loop = loop_class(self.envs)(  # an EnvPool in async mode gets its own loop
-                    self.envs, self.forward, device=device, storage_device=torch.device("cpu"), seed=seed,
-                    autoreset_mode=autoreset_mode(self.envs), stop=self.is_canceled, env_offset=start_index,
-                    **loop_kwargs,
-                )  # fmt: skip
-                self.loop.reset()
             # With compile_options, this actor compiles its own calls of the runner (at the first one).
             self.act = acting_call(
-                self.runner, compile_options, num_envs=num_envs, obs_key=self.loop.obs_key, owned=True
+                self.runner, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True
             )
+            with torch.no_grad():
+                self.envs = build_envs(recipe, num_envs, start_index=start_index)
+                self.loop = worker_loop(
+                    self.envs, spec, self.forward, start_index=start_index, device=device, seed=seed,
+                    stop=self.is_canceled,
+                )
         except BaseException as exc:
             return self._error(exc)
         return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
@@ -513,12 +456,7 @@ class _RayWorker:
 
         if self.envs is not None:
             exc = explain_env_error(self.envs, exc, env_offset=self.start_index)
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            ray.cloudpickle.dumps(exc)
-        except Exception:  # an exception that cannot be pickled: its type name and message still travel
-            exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
-        return ("error", exc, text)
+        return error_message(exc, ray.cloudpickle.dumps)
 
     def close(self) -> None:
         if self.envs is not None:

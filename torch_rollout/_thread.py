@@ -20,6 +20,8 @@ from torch_rollout._compile import acting_call
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped
+from torch_rollout._spec import LoopSpec
+from torch_rollout._weights import named_weights
 
 __all__ = ["ThreadPlacement"]
 
@@ -41,7 +43,6 @@ class ThreadPlacement:
     envs to the thread when the consumer cannot wait for it to stop.
     """
 
-    name = "thread"
     lock: threading.Lock
     version: int
     requested: int
@@ -52,25 +53,30 @@ class ThreadPlacement:
         self,
         envs: VectorEnv,
         runner: nn.Module,
+        spec: LoopSpec,
         *,
         owns_envs: bool,
-        owns_runner: bool,
-        compile_options: dict[str, Any] | None = None,
-        **loop_kwargs: Any,
+        owned: bool,
+        device: torch.device,
+        seed: int | None,
     ):
         self.envs = envs
         self.runner = runner
-        self.owned = owns_runner  # the collector's acting copy, not the trainer's module (see call_policy)
         self.owns_envs = owns_envs
+        # The acting copy's tensors (owned: the collector's copy, not the trainer's module; see call_policy).
+        self.weights = dict(named_weights(runner)) if owned else None
         self.lock = threading.Lock()
         self.version = 0
         self.requested = 0
         self.stop = threading.Event()
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
-        self.loop: RolloutLoop = loop_class(envs)(envs, self.forward, stop=self.stop.is_set, **loop_kwargs)
+        self.loop: RolloutLoop = loop_class(envs)(
+            envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set
+        )
+        self.autoreset_mode = self.loop.autoreset_mode
         # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
         self.act = acting_call(
-            runner, compile_options, num_envs=envs.num_envs, obs_key=self.loop.obs_key, owned=owns_runner
+            runner, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
         )
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
@@ -162,25 +168,29 @@ class ThreadPlacement:
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    def close(self, join_timeout: float) -> bool:
-        """Stops the thread; True if it stopped (the caller then closes owned envs), else it is left as a daemon.
+    def close(self, join_timeout: float) -> str | None:
+        """Stops the thread and closes the envs it owns; where it is stuck if it did not stop within ``join_timeout``.
 
-        A thread still stuck in an env or policy call closes the envs it owns
-        itself once that call returns.
+        A thread that did not stop is left as a daemon; still stuck in an env or
+        policy call, it closes the envs it owns itself once that call returns.
+        Returns None when it stopped, or when it was not waited for (``join_timeout``
+        0, or called on the thread itself, as garbage collection can).
         """
         self.stop.set()
         self._credits.put(None)  # wakes a thread waiting for the next request
-        # Garbage collection can run __del__ on the collector's own thread, which cannot join itself.
-        if threading.current_thread() is not self.thread:
+        on_own_thread = threading.current_thread() is self.thread
+        if not on_own_thread:
             self.thread.join(join_timeout)
         with self._exit_lock:
             self._abandoned = not self._exited
             stopped = self._exited
         if stopped and self.owns_envs:
             self.envs.close()
-        return stopped
+        if stopped or on_own_thread or join_timeout <= 0:
+            return None
+        return self._stuck_in()
 
-    def stuck_in(self) -> str:
+    def _stuck_in(self) -> str:
         """The call the loop is inside and the thread's innermost frames: where a thread that did not stop is."""
         frame = sys._current_frames().get(self.thread.ident)
         frames = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else ""

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import atexit
-import copy
 import functools
 import math
-import pickle
-import sys
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import gymnasium
@@ -20,17 +17,15 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
-from torch.nn.parameter import is_lazy
 
 from torch_rollout._compile import check_compile_policy
-from torch_rollout._double_buffer import DoubleBufferedRecipe, check_double_buffer, check_double_buffer_shares
-from torch_rollout._envs import autoreset_mode, build_envs, check_picklable, split_envs
-from torch_rollout._infos import check_info_keys
+from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
-from torch_rollout._process import ProcessPlacement
-from torch_rollout._ray import RayPlacement, check_ray_picklable
-from torch_rollout._thread import ThreadPlacement
+from torch_rollout._placement import Backend, Placement, resolve_backend
+from torch_rollout._spec import BATCH_KEYS, BatchKeys, LoopSpec
+from torch_rollout._weights import check_same_structure, named_weights
+from torch_rollout.gae import GAE
 
 __all__ = ["Collector"]
 
@@ -39,17 +34,37 @@ __all__ = ["Collector"]
 _JOIN_TIMEOUT = 10.0
 # At interpreter exit nobody can use a stuck thread any more: wait less before leaving it.
 _EXIT_JOIN_TIMEOUT = 2.0
-_BACKENDS = ("auto", "thread", "process", "ray")
-# Keys the collector writes into every batch: obs_key cannot take one of them.
-_BATCH_KEYS = frozenset(
-    ("action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
-     "policy_version", "next_value", "advantage", "return", "info")
-)  # fmt: skip
 _live: weakref.WeakSet[Collector] = weakref.WeakSet()
 # id(envs.unwrapped) -> the open collector stepping that live vector env: a second one would interleave
 # its steps with the first one's. Reentrant: a collector's __del__ may run (gc) while it is held.
 _drivers: weakref.WeakValueDictionary[int, Collector] = weakref.WeakValueDictionary()
 _drivers_lock = threading.RLock()
+# Keywords of earlier releases -> their spelling now.
+_RETIRED = {
+    "num_workers": "backend=torch_rollout.Processes(num_workers={v!r}) (or torch_rollout.Ray(num_workers={v!r}))",
+    "ray_options": "backend=torch_rollout.Ray(num_workers=..., options={v!r})",
+    "env_kwargs": "envs=torch_rollout.gym_envs(env_id, **{v!r})",
+    "double_buffer": "envs=torch_rollout.double_buffered(env_id or make_envs)",
+    "gamma": "gae=torch_rollout.GAE(gamma={v!r})",
+    "gae_lambda": "gae=torch_rollout.GAE(gae_lambda={v!r})",
+    "info_keys": "keys=torch_rollout.BatchKeys(info_keys={v!r})",
+    "obs_key": "keys=torch_rollout.BatchKeys(obs_key={v!r})",
+}
+
+
+def _retired_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """Refuses the keywords of :data:`_RETIRED` with a TypeError that gives each one's new spelling."""
+
+    @functools.wraps(init)
+    def checked(self: Collector, *args: Any, **kwargs: Any) -> None:
+        retired = [name for name in kwargs if name in _RETIRED]
+        if retired:
+            self.closed = True
+            fixes = "; ".join(f"{name}= is now {_RETIRED[name].format(v=kwargs[name])}" for name in retired)
+            raise TypeError(f"Collector: {fixes}")
+        init(self, *args, **kwargs)
+
+    return checked
 
 
 class Collector:
@@ -58,265 +73,62 @@ class Collector:
     ``for batch in collector`` yields a :class:`tensordict.TensorDict` with
     ``batch_size=[num_steps, num_envs]`` on ``device`` per iteration, while the
     next batch is being collected. Row ``t`` of env ``i`` is one call of
-    ``envs.step``:
+    ``envs.step``: ``obs`` (named by ``keys``), every policy output
+    (``action``, ``log_prob``, ``value``, ...), ``reward``, ``terminated``,
+    ``truncated``, ``done``, ``mask`` (False for NEXT_STEP reset rows, which are
+    no transition), ``next_value`` (the value of the true next state: at an
+    episode end of the final observation), ``advantage`` and ``return`` (with
+    ``gae``), ``episode_return``, ``episode_length``, ``policy_version`` and,
+    with ``keys=BatchKeys(info_keys=...)``, ``info``.
 
-    ================== ======================================================
-    key                meaning
-    ================== ======================================================
-    ``obs``            observation the action was chosen from (a nested
-                       TensorDict for Dict spaces; float64 stored as float32,
-                       integer dtypes kept); named ``obs_key``
-    ``action``         as the policy returned it (a Box env receives it
-                       clipped to the bounds; the stored one is not clipped)
-    ``log_prob``, ...  every other per-env tensor the policy returned
-    ``reward``         float32 reward of the step
-    ``terminated``,    bool, the episode ended at this step (by the MDP, or
-    ``truncated``,     by a time limit); ``done`` is their ``or``
-    ``done``
-    ``next_value``     value of the true next state: at an episode end of the
-                       final observation, never of the reset observation
-    ``advantage``,     GAE(``gamma``, ``gae_lambda``); only when the policy
-    ``return``         returns ``"value"`` (or TorchRL's ``"state_value"``);
-                       without either there are no ``next_value``,
-                       ``advantage`` and ``return``
-    ``mask``           False only for rows that are no transition (see below)
-    ``episode_return``, running totals of the episode including this step:
-    ``episode_length`` the episode's totals where ``done``
-    ``policy_version`` version of the weights that chose the action
-    ``info``           with ``info_keys`` only: the env infos of the step
-                       (see Infos)
-    ================== ======================================================
-
-    Infos: ``info_keys=("is_success", "episode")`` keeps those keys of the
-    infos that ``envs.step()`` returns, in ``batch["info"]``, a TensorDict of
-    ``[num_steps, num_envs]``. For each kept key ``k`` it holds ``k`` (the
-    value: a tensor of ``[T, N, *shape]``, or for a dict info such as
-    RecordEpisodeStatistics' ``episode`` a nested TensorDict with one such
-    tensor per entry, e.g. ``batch["info", "episode", "r"]``) and ``_k``
-    (bool ``[T, N]``, gymnasium's presence mask: True where the env gave
-    ``k`` at that row's step). Numbers and booleans keep their dtype except
-    float64, stored as float32; where ``_k`` is False the values are 0 (or
-    False). The infos of a row are those of its step: in SAME_STEP mode those
-    of an ended step come from ``infos["final_info"]`` (the top level then
-    holds the reset's), and keys that ``final_info`` lacks for that env from
-    the top level (where vector wrappers such as
-    ``gymnasium.wrappers.vector.RecordEpisodeStatistics`` put theirs); in
-    NEXT_STEP mode the reset rows' infos (their reset's) are masked out; in
-    DISABLED mode the infos of the collector's ``reset_mask`` resets belong to
-    no row. Every batch holds every kept key, so its structure (nested keys,
-    shapes, dtypes) is fixed when collection starts: from the infos of the
-    first reset and step, or from an example value of one env given as
-    ``info_keys={"ended": {"length": 0, "sum": 0.0}}`` (``None``: learn it);
-    ``"episode"`` defaults to RecordEpisodeStatistics' ``{"r": float32,
-    "l": int64, "t": float32}``. A key with no structure then, one whose
-    structure changes later, and values that are not numbers raise errors
-    naming the key. Under ``NormalizeReward`` the batch's ``episode_return``
-    sums the scaled rewards; RecordEpisodeStatistics beneath the scaling
-    keeps the env's own return in ``batch["info", "episode", "r"]``.
-
-    Autoreset: all three gymnasium modes give the same real transitions. In
-    NEXT_STEP mode (gymnasium's default) the step after an episode end only
-    resets the env; its row has ``mask=False``, ``advantage=0``, and must be
-    left out of losses. In SAME_STEP mode the final observation is read from
-    ``infos["final_obs"]``; in DISABLED mode the collector resets ended envs
-    with ``reset_mask``. A terminated step does not bootstrap, a truncated one
-    bootstraps from the value of its final observation (one batched forward
-    per step for the envs that ended), and the last row of a batch bootstraps
-    from the observation the next batch starts with.
-
-    Placements: one collection loop runs either on a background thread of this
-    process (``backend="thread"``: right for a CUDA policy, and for envs that
-    step outside the GIL) or in ``num_workers`` worker processes
-    (``backend="process"``), each stepping a contiguous share of the envs that
-    it builds itself from ``envs`` (an env id or a picklable function), with
-    batches and weights in shared memory, or in ``num_workers`` Ray actors
-    (``backend="ray"``, on the Ray this process is connected to, or on a local
-    one that it starts), with batches and weights in Ray's object store.
-    ``backend="auto"`` takes processes
-    for a CPU policy whenever ``envs`` is an id or a function and both it and
-    the policy can be pickled, else the thread. Env ``j`` is reset with seed
-    ``seed + j`` in every placement, so a deterministic policy gets the same
-    batches from all of them (vector envs that draw every sub-env from one
-    generator, such as gymnasium's ``CartPoleVectorEnv``, differ once split
-    across workers: pass ``env_kwargs={"vectorization_mode": "sync"}``). Worker
-    processes start from a forkserver: a script that creates a collector needs
-    the usual ``if __name__ == "__main__":`` guard.
-
-    Acting mode: the policy is called under ``torch.no_grad()`` and in eval
-    mode (``policy.eval()``: no dropout, BatchNorm uses and keeps its running
-    statistics) in every placement and whatever mode the trainer's module is
-    in; with ``prefetch=0`` on the thread, which acts with the trainer's module
-    itself, each call puts back the modes its modules had. Acting never changes
-    the trainer's buffers (a module that updates buffers even in eval mode is
-    outside this contract: keep running statistics in the trainer or in an env
-    wrapper). Bootstrap values (the last row's ``next_value``; final
-    observations in SAME_STEP and DISABLED modes) come from
-    ``policy.get_value`` when the policy has such a method, called with the
-    same arguments as the forward and returning the value (``[n]`` or
-    ``[n, 1]``, or a Mapping or TensorDict with ``"value"``): bootstraps then
-    sample no actions (torch's RNG sees acting calls only) and never run the
-    forward. Without it they run the forward and keep only ``"value"``.
-
-    Recurrent policies (``initial_state`` given): the collector owns the state.
-    ``initial_state`` is a TensorDict of ``[num_envs, ...]`` tensors (or a
-    function ``initial_state(num_envs)`` returning one, called once); its
-    entries are the state, under names of your choice. The policy is called
-    as ``policy(obs, state, is_init)`` with ``state`` a TensorDict ``[n]`` of
-    those entries and ``is_init`` a bool tensor ``[n]`` (True where the step
-    starts an episode, where ``state`` is the env's row of ``initial_state``),
-    and returns ``"next_state"`` (a Mapping or TensorDict of the same entries)
-    beside its outputs. A TensorDictModule (TorchRL's ``LSTMModule``,
-    ``GRUModule``) reads ``"obs"``, ``"is_init"`` (``[n, 1]``) and the
-    state's entries at their keys, and writes the next state at
-    ``("next", key)``. Row ``t`` of the batch stores ``is_init`` and the
-    state that went into the step at the state's own keys (e.g.
-    ``batch["h"]`` of ``[T, N, ...]``), so a trainer replays any sequence from
-    the stored state at its first row (truncated BPTT), resetting to the
-    initial state where ``is_init``. An env's state is reset at the first
-    step of each episode (in NEXT_STEP mode: after its reset row, which is
-    called with the ended episode's state), and carried across batches.
-    Bootstraps value the final observation with the state after the
-    episode's last step, and the last row with the state the next batch
-    starts with; they never advance the carried state. With worker processes
-    each worker keeps the state of its own envs; only its rows travel.
-
-    Weights and policy lag:
-    With ``prefetch >= 1`` the collector runs its own copy of the policy and
-    refreshes it from ``policy`` whenever the next batch is requested (the
-    trainer has finished its update then) and on :meth:`update_policy`; each
-    refresh increments :attr:`policy_version`. The thread may collect up to
-    ``prefetch`` batches ahead, so a batch's rows may come from weights up to
-    ``prefetch`` versions old (plus one per :meth:`update_policy` called by
-    hand meanwhile): use the stored ``log_prob`` in importance ratios. With
-    ``prefetch=0`` collection runs in lockstep with the consumer (on the
-    thread: on ``policy`` itself), and with a seed (and ``torch.manual_seed``
-    for the policy's sampling) two runs give identical batches. Worker
-    processes act with a shared-memory copy, refreshed in place under a lock
-    per worker; rows of different workers may carry different versions. A
-    copy is refreshed by name, all or nothing (even under Ctrl-C): tensors the
-    trainer replaced (``load_state_dict(assign=True)``, a new submodule) are
-    followed, and a change of names or shapes raises ``ValueError``.
-
-    Compiled acting (``compile_policy``): the policy's forward and its
-    ``get_value`` run through ``torch.compile`` (``True``: its defaults; a dict:
-    its keyword arguments, e.g. ``{"mode": "reduce-overhead"}`` for CUDA graphs
-    on a CUDA device), compiled by whoever acts (the thread, each worker
-    process, each Ray actor) at its first call, so the first batch carries the
-    compile time. The weights are inputs of the compiled graphs, never
-    constants: a refresh copied into the acting copy is what the next call
-    computes with, under the same lock as eager calls. On the thread with
-    ``prefetch=0`` the collector compiles a wrapper of ``policy`` and acts
-    with the trainer's own weights as they are at each step; ``policy``
-    itself, and the trainer's calls of it, stay eager. Bootstrap calls on fewer
-    envs (final observations) are padded to all of a loop's envs by repeating
-    a row, and cut back, so each function compiles once, whatever the number of
-    envs that end (rows must not depend on one another). Recurrent policies and
-    TensorDictModules compile the same way. A compile failure (no C++ compiler,
-    an unsupported op) is raised by ``next()`` as a ``RuntimeError`` naming
-    ``compile_policy`` and the fix, ``compile_policy=False``.
-
-    Double-buffering (``double_buffer=True``): each loop's envs (each
-    worker's share) are built as two groups that step asynchronously
-    (gymnasium ``AsyncVectorEnv``, one process per env) and presented as a
-    :class:`DoubleBufferedVectorEnv`; the loop acts on one group's
-    observations while the other group steps, and then starts that group's
-    next step. Each env still fills its own rows in order, so the batches are
-    those of ``double_buffer=False`` (with a deterministic policy, identical).
-    Rows run up to a step ahead into the next batch's storage, never lost;
-    in NEXT_STEP mode only (gymnasium's default).
-
-    Errors: an exception raised by the env or the policy in the background is
-    re-raised by ``next()`` with its original traceback (from a worker process:
-    the same exception type, with the worker's traceback text as its
-    ``__cause__``), and the collector closes; iterating it again raises
-    ``RuntimeError``. A worker process that dies becomes a ``RuntimeError``
-    naming it, its pid and the signal; workers exit by themselves when the
-    trainer's process dies. A Ray actor that dies becomes a ``RuntimeError``
-    naming the worker, its node and pid (or, with ``ray_options={"max_restarts":
-    n}``, is recreated). Envs the collector
-    created are closed by :meth:`close`, which is idempotent and also runs on
-    garbage collection and at interpreter exit. Where gymnasium's own error
-    hides the cause, the collector names it: a killed AsyncVectorEnv worker
-    process becomes a ``RuntimeError`` with its index, pid and signal (the
-    broken vector env is shut down, since it can no longer close itself), and
-    a sub-env observation of the wrong shape a ``ValueError`` naming the env.
-
-    Hostile input: observations of the wrong shape or of a dtype that would not
-    cast safely, actions outside a Discrete, MultiDiscrete or MultiBinary
-    space and policy outputs on another device raise ``ValueError`` naming the
-    key, what was received and what was expected. NaN and inf in observations,
-    rewards and Box actions pass through unchanged (they are valid floats, and
-    some envs use inf on purpose) unless ``check_finite=True``. A live vector
-    env is stepped by one open collector at a time: a second one raises
-    ``ValueError``, as it would corrupt both trajectories.
+    The whole contract (keys, autoreset modes, bootstrapping, acting mode,
+    policy lag, errors) is in ``docs/contract.md``; placements in
+    ``docs/placements.md``, env kinds (EnvPool, double-buffering) in
+    ``docs/envs.md``, infos in ``docs/infos.md``, recurrent policies in
+    ``docs/recurrent.md``, compiled acting in ``docs/compile.md``, checkpoints
+    in ``docs/checkpoints.md``.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
-            an env id for :func:`gymnasium.make_vec`, or a function
-            ``make_envs(num_envs)`` (or ``make_envs(num_envs, start_index=...)``)
-            returning a vector env, such as ``torch_rollout.envpool_envs(task_id)``
-            for EnvPool; with an id or a function ``num_envs`` is required.
+            an env id for :func:`gymnasium.make_vec`, or a function ``make_envs(num_envs)``
+            (or ``make_envs(num_envs, start_index=...)``) returning a vector env:
+            :func:`torch_rollout.gym_envs` (an id with keyword arguments),
+            :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
-            ``"action"`` (``[num_envs, *action_shape]``) and optionally ``"value"``
-            (``[num_envs]`` or ``[num_envs, 1]``, stored as ``[T, N]``; TorchRL's
-            ``"state_value"`` when there is no ``"value"``) and ``"log_prob"``. ``obs`` is
-            ``[num_envs, *obs_shape]`` on ``device`` (a TensorDict for Dict
-            spaces). A ``tensordict.nn.TensorDictModule`` reads ``obs_key``; in the
-            collector thread its probabilistic modules sample as their own
-            ``default_interaction_type`` says, whatever interaction type the
-            trainer's thread sets (TorchRL's losses set DETERMINISTIC while they run).
+            ``"action"`` and optionally ``"value"`` (``[n]`` or ``[n, 1]``; TorchRL's
+            ``"state_value"`` when there is no ``"value"``) and ``"log_prob"``; a
+            ``tensordict.nn.TensorDictModule`` reads ``obs_key``. With a
+            ``get_value`` method, bootstraps call that instead of the forward.
         num_steps: steps per env per batch (``T``).
         num_envs: number of envs to build when ``envs`` is an env id or a function.
-        env_kwargs: keyword arguments of :func:`gymnasium.make_vec` with an env id.
-        backend: ``"thread"``, ``"process"``, ``"ray"`` or ``"auto"`` (see Placements).
-        num_workers: worker processes with ``backend="process"``, Ray actors with
-            ``backend="ray"`` (at most ``num_envs``).
-        gamma: discount factor.
-        gae_lambda: GAE lambda.
-        device: where the policy runs and batches live; ``None``: ``"cuda"``
-            when available, else ``"cpu"``.
+        backend: where the loop runs: ``"thread"``, ``"process"``, ``"ray"``, ``"auto"``
+            (worker processes for a CPU policy with an env id or a picklable function,
+            else the thread), or :class:`Thread`, :class:`Processes` (``num_workers``),
+            :class:`Ray` (``num_workers``, actor ``options``).
+        device: where the policy runs and batches live; ``None``: ``"cuda"`` when
+            available, else ``"cpu"``.
+        gae: the advantages added to each batch, :class:`GAE` (``gamma``,
+            ``gae_lambda``); ``None``: no ``advantage`` and ``return``.
         total_timesteps: stop after ``ceil(total_timesteps / (T * num_envs))``
             batches; ``None``: endless.
         prefetch: batches collected ahead of the consumer; 0: lockstep; ``None``: 1,
-            except 0 for the thread with a CPU policy (it shares the GIL with the
-            trainer, and collecting ahead was measured to slow training down).
-            Collection starts with the iteration (``iter()`` or ``next()``).
-        seed: seed of the envs' first reset.
-        timeout: seconds ``next()`` waits for a batch before raising
-            ``TimeoutError`` (an env that hangs); ``None``: wait forever. The
-            stuck thread cannot be interrupted: it is left behind as a daemon,
-            stops when the stuck call returns, and then closes the envs the
-            collector created.
+            except 0 for the thread with a CPU policy (measured faster there).
+        seed: seed of the envs' first reset (env ``j``: ``seed + j``, in every placement).
+        timeout: seconds ``next()`` waits for a batch before raising ``TimeoutError``
+            (an env that hangs); ``None``: wait forever.
         check_finite: raise ``ValueError`` naming the key, env and step when an
-            observation, a reward or a Box action (before the env receives it)
-            is NaN or infinite (costs a few ``np.isfinite`` per step).
-        info_keys: env info keys to keep in ``batch["info"]`` (see Infos): a
-            sequence of names, or a mapping of names to an example value of one
-            env (``None``: learn it from the first reset and step).
-        obs_key: the batch key of observations, and the key a TensorDictModule
-            policy reads them from (TorchRL's modules read ``"observation"``).
-        ray_options: with ``backend="ray"``, Ray actor options for every worker
-            (``num_cpus``, ``num_gpus``, ``resources``, ``runtime_env``,
-            ``scheduling_strategy``, ...; a worker given GPUs runs the policy on
-            its GPU), and ``max_restarts``: how many times a worker whose actor
-            died is recreated with new envs (default 0: the death is an error).
-        initial_state: a recurrent policy's initial state, a TensorDict (or a
-            Mapping) of ``[num_envs, ...]`` tensors or a function
-            ``initial_state(num_envs)`` returning one (see Recurrent policies);
-            ``None``: the policy is called as ``policy(obs)``.
-        compile_policy: act through ``torch.compile`` (see Compiled acting):
-            ``True``, or a dict of ``torch.compile`` keyword arguments
-            (``fullgraph``, ``dynamic``, ``backend``, ``mode``, ``options``);
-            ``False`` (default): eager (compiling did not win clearly on the
-            CPU: README, Compiled policies).
-        double_buffer: step the envs in two groups of AsyncVectorEnv processes
-            and act on one while the other steps (see Double-buffering); with
-            an env id (made with ``vectorization_mode="async"``) or a function,
-            and an even number of envs per worker. ``False`` (default): it lost
-            to stepping one SyncVectorEnv on 2 cores (README, Double-buffering).
+            observation, a reward or a Box action is NaN or infinite.
+        keys: :class:`BatchKeys`: the observations' key (``obs_key``) and the env
+            infos kept in ``batch["info"]`` (``info_keys``).
+        initial_state: a recurrent policy's initial state, a TensorDict of
+            ``[num_envs, ...]`` tensors or a function ``initial_state(num_envs)``
+            returning one; the policy is then called as ``policy(obs, state, is_init)``.
+        compile_policy: act through ``torch.compile``: ``True``, or a dict of its
+            keyword arguments; ``False`` (default): eager.
 
     Raises:
-        TypeError: for an unsupported space or argument type.
+        TypeError: for an unsupported space or argument type, and for a keyword
+            that has a new spelling (the message gives it).
         ValueError: for an out-of-range argument, an unknown env id, a live
             vector env that another open collector steps, or a lazy policy
             (``nn.LazyLinear``) not run yet that the collector must copy.
@@ -353,11 +165,14 @@ class Collector:
     num_steps: int
     num_envs: int
     device: torch.device
+    gae: GAE | None
+    keys: BatchKeys
     prefetch: int
     total_timesteps: int | None
     autoreset_mode: AutoresetMode
     closed: bool
 
+    @_retired_keywords
     def __init__(
         self,
         envs: VectorEnv | str | Callable[..., VectorEnv],
@@ -365,45 +180,39 @@ class Collector:
         *,
         num_steps: int,
         num_envs: int | None = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        backend: str = "auto",
-        num_workers: int = 1,
-        gamma: float = 0.99,
-        gae_lambda: float = 0.95,
+        backend: str | Backend = "auto",
         device: torch.device | str | None = None,
+        gae: GAE | None = GAE(),
         total_timesteps: int | None = None,
         prefetch: int | None = None,
         seed: int | None = None,
         timeout: float | None = None,
         check_finite: bool = False,
-        info_keys: Sequence[str] | Mapping[str, Any] | None = None,
-        obs_key: str = "obs",
-        ray_options: Mapping[str, Any] | None = None,
+        keys: BatchKeys = BatchKeys(),
         initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
         compile_policy: bool | Mapping[str, Any] = False,
-        double_buffer: bool = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
-        _check_int("num_workers", num_workers, minimum=1)
         if prefetch is not None:
             _check_int("prefetch", prefetch, minimum=0)
         if total_timesteps is not None:
             _check_int("total_timesteps", total_timesteps, minimum=1)
         if seed is not None:
             _check_int("seed", seed, minimum=0)
-        for name, x in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-            if not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
-                raise ValueError(f"Collector: {name} must be a float in [0, 1], got {x!r}")
+        if gae is not None and not isinstance(gae, GAE):
+            raise TypeError(
+                f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
+                f"{type(gae).__name__} {gae!r}"
+            )
+        if not isinstance(keys, BatchKeys):
+            raise TypeError(
+                f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got "
+                f"{type(keys).__name__} {keys!r}"
+            )
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
-        info_specs = check_info_keys(info_keys)
         compile_options = check_compile_policy(compile_policy)
-        if not isinstance(obs_key, str) or not obs_key or obs_key in _BATCH_KEYS:
-            raise ValueError(
-                f"Collector: obs_key must be a str other than the batch's own keys {sorted(_BATCH_KEYS)}, got "
-                f"{obs_key!r} (TorchRL's modules read 'observation')"
-            )
         if not isinstance(policy, nn.Module):
             raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
         for name, mode in greedy_modules(policy):
@@ -413,42 +222,23 @@ class Collector:
                 "this one keeps each module's default, whatever the trainer sets): build it with "
                 "default_interaction_type=InteractionType.RANDOM to sample",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        if env_kwargs is not None and not isinstance(envs, str):
-            raise ValueError(
-                f"Collector: env_kwargs are passed to gymnasium.make_vec with an env id, but envs is a "
-                f"{type(envs).__name__}; build them into your vector env or make_envs function instead"
-            )
-        check_double_buffer(double_buffer, envs)
-        if double_buffer and (isinstance(envs, str) or callable(envs)):
-            envs, env_kwargs = DoubleBufferedRecipe(envs, env_kwargs=env_kwargs), None
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        backend = _resolve_backend(backend, envs, policy, self.device, num_workers)
-        if compile_options and backend in ("process", "ray"):  # e.g. a backend function, sent to the workers
-            hint = "pass the backend by its name or as a module-level function"
-            check_picklable("compile_policy", compile_options, hint) if backend == "process" else (
-                check_ray_picklable("compile_policy", compile_options)
-            )  # fmt: skip
-        if ray_options is not None and (backend != "ray" or not isinstance(ray_options, Mapping)):
-            raise ValueError(
-                f"Collector: ray_options must be a dict of Ray actor options, for backend='ray' only; got "
-                f"{type(ray_options).__name__} {ray_options!r} with backend={backend!r}"
-            )
-        if prefetch is None:
-            # Measured (README, Performance): on a CPU the thread shares the GIL with the trainer and
-            # collecting ahead made training slower; in lockstep it is never slower.
-            prefetch = 0 if backend == "thread" and self.device.type == "cpu" else 1
         if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
             raise TypeError(
                 f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
                 f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}"
                 + (" (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else "")
             )
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        chosen = resolve_backend(backend, envs, policy, self.device)
+        chosen.check(envs, policy, compile_options)
+        if prefetch is None:
+            prefetch = chosen.default_prefetch(self.device)
         if isinstance(envs, VectorEnv):
             if num_envs is not None and num_envs != envs.num_envs:
                 raise ValueError(
@@ -459,63 +249,40 @@ class Collector:
         elif num_envs is None:
             raise ValueError(f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
         _check_int("num_envs", num_envs, minimum=1)
+        num_workers = chosen.num_workers
         if num_workers > num_envs:
-            raise ValueError(f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env")
-        if double_buffer:
-            check_double_buffer_shares(split_envs(num_envs, num_workers))
+            raise ValueError(
+                f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env"
+            )
+        check_shares = getattr(envs, "check_shares", None)  # a recipe that refuses some splits, before they start
+        if callable(check_shares):
+            check_shares(split_envs(num_envs, num_workers))
+        spec = LoopSpec(
+            num_steps=num_steps,
+            obs_key=keys.obs_key,
+            check_finite=bool(check_finite),
+            info_keys=keys.info_specs,
+            initial_state=None if initial_state is None else _initial_state(initial_state, num_envs, keys.obs_key),
+            compile_options=compile_options,
+        )
 
         self.policy = policy
-        self.backend = backend
+        self.backend = chosen.name
         self.num_workers = num_workers
         self.num_steps = num_steps
         self.num_envs = num_envs
         self.prefetch = prefetch
         self.timeout = timeout
-        self.gamma = float(gamma)
-        self.gae_lambda = float(gae_lambda)
-        loop_kwargs = {
-            "num_steps": num_steps, "check_finite": bool(check_finite), "info_keys": info_specs, "obs_key": obs_key,
-        }  # fmt: skip
-        if initial_state is not None:
-            loop_kwargs["initial_state"] = _initial_state(initial_state, num_envs, obs_key)
-        if backend == "thread":
-            self._owns_envs = not isinstance(envs, VectorEnv)
-            built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs, env_kwargs=env_kwargs)
-            try:
-                if prefetch == 0:
-                    _check_policy_device(policy, self.device)
-                    runner = policy
-                else:
-                    runner = _inference_copy(policy, self.device, backend, prefetch)
-                mode = autoreset_mode(built)
-                self._placement: ThreadPlacement | ProcessPlacement | RayPlacement = ThreadPlacement(
-                    built, runner, owns_envs=self._owns_envs, owns_runner=runner is not policy, device=self.device,
-                    seed=seed, autoreset_mode=mode, compile_options=compile_options, **loop_kwargs,
-                )  # fmt: skip
-            except BaseException:
-                if self._owns_envs:
-                    built.close()
-                raise
-            self.envs = built
-        else:
-            self._owns_envs = True
-            runner = _inference_copy(policy, torch.device("cpu"), backend, prefetch)
-            # Processes share the acting copy's memory; Ray actors get it through the object store.
-            placement, extra = (
-                (ProcessPlacement, {}) if backend == "process" else (RayPlacement, {"options": ray_options})
-            )
-            self._placement = placement(
-                envs, runner.share_memory() if backend == "process" else runner, num_envs=num_envs,
-                num_workers=num_workers, prefetch=prefetch, device=self.device, seed=seed, env_kwargs=env_kwargs,
-                startup_timeout=timeout, compile_options=compile_options, **extra, **loop_kwargs,
-            )  # fmt: skip
-            mode = AutoresetMode(self._placement.info["autoreset_mode"])
-            self.envs = None
-        self.autoreset_mode = mode
+        self.gae = gae
+        self.keys = keys
+        self._copy_reason = chosen.copy_reason(prefetch)[0]
+        self._placement: Placement = chosen.build(
+            envs, policy, num_envs=num_envs, spec=spec, device=self.device, prefetch=prefetch, seed=seed,
+            timeout=timeout,
+        )  # fmt: skip
+        self.envs = self._placement.envs
+        self.autoreset_mode = self._placement.autoreset_mode
         self.total_timesteps = total_timesteps
-        # The acting copy's tensors by name, refreshed in place from the policy's tensors of the same names
-        # (which the trainer may have replaced); None when the thread acts with the policy itself.
-        self._acting: dict[str, Tensor] | None = None if runner is policy else dict(_named_weights(runner))
         self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
         self._delivered = 0  # batches delivered, by earlier collectors (a resumed state's) included
         self._resumed = 0  # of which earlier collectors delivered
@@ -578,7 +345,7 @@ class Collector:
             batch, error = ready[0]
             if error is None:
                 # In place, so that a call interrupted in here is redone on the same batch.
-                add_advantages(batch, gamma=self.gamma, gae_lambda=self.gae_lambda)
+                add_advantages(batch, self.gae)
                 # From here to the return no call is made, so no signal handler runs: the batch cannot be lost.
                 del ready[0]
                 self._delivered += 1
@@ -588,7 +355,6 @@ class Collector:
                 f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
                 f"(backend={self.backend!r}, autoreset_mode={self.autoreset_mode.value}, num_envs={self.num_envs}); "
                 "the collector is closed"
-                + (" and its thread is left to stop when the stuck call returns" if self.backend == "thread" else "")
             )
         self._error = error
         # After a timeout the thread is stuck: waiting for it in close() would hang as well.
@@ -638,10 +404,11 @@ class Collector:
         (``load_state_dict(assign=True)``, a new submodule); a change of names or
         shapes raises before anything is copied.
         """
-        if self._acting is None:
+        dst = self._placement.weights
+        if dst is None:
             return [], []
-        src, dst = dict(_named_weights(self.policy)), self._acting
-        _check_same_structure(src, dst, _copy_reason(self.backend, self.prefetch)[0])
+        src = dict(named_weights(self.policy))
+        check_same_structure(src, dst, self._copy_reason)
         return [dst[name] for name in src], list(src.values())
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -732,15 +499,12 @@ class Collector:
         with _drivers_lock:
             if self._driven is not None and _drivers.get(self._driven) is self:
                 del _drivers[self._driven]
-        placement = self._placement
-        if placement.name == "process":
-            self._acting = None  # the shared-memory copy goes with the workers
-        on_own_thread = threading.current_thread() is getattr(placement, "thread", None)
-        if not placement.close(join_timeout) and join_timeout > 0 and not on_own_thread:
+        stuck = self._placement.close(join_timeout)
+        if stuck is not None:
             when = "at interpreter exit " if at_exit else ""
             warnings.warn(
                 f"Collector.close: {when}the background thread did not stop within {join_timeout} s; it is left "
-                f"running as a daemon, inside {placement.stuck_in()}",
+                f"running as a daemon, inside {stuck}",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -771,73 +535,8 @@ def _check_int(name: str, x: Any, *, minimum: int) -> None:
         raise ValueError(f"Collector: {name} must be an int >= {minimum}, got {x}")
 
 
-def _resolve_backend(
-    backend: str, envs: Any, policy: nn.Module, device: torch.device, num_workers: int
-) -> str:
-    """The placement for ``backend``; "auto": worker processes for a CPU policy when they can be used."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"Collector: backend must be one of {list(_BACKENDS)}, got {backend!r}")
-    if backend == "thread" and num_workers != 1:
-        raise ValueError(
-            f"Collector: num_workers={num_workers} needs backend='process' or backend='ray'; the thread runs one loop"
-        )
-    if backend == "auto":
-        if device.type != "cpu" or isinstance(envs, VectorEnv) or not _can_travel(envs, policy):
-            if num_workers != 1:
-                raise ValueError(
-                    f"Collector: num_workers={num_workers} needs backend='process'; backend='auto' chose the "
-                    f"thread (device={device}, envs={type(envs).__name__})"
-                )
-            return "thread"
-        return "process"
-    if backend == "ray":
-        if isinstance(envs, VectorEnv):
-            raise TypeError(
-                f"Collector(backend='ray'): envs is a live {type(envs).__name__}, but each Ray worker builds its own "
-                "envs; pass an env id with num_envs (and env_kwargs), or a function make_envs(num_envs) -> VectorEnv"
-            )
-        check_ray_picklable("envs", envs)
-        check_ray_picklable("policy", policy)
-    if backend == "process":
-        if isinstance(envs, VectorEnv):
-            raise TypeError(
-                f"Collector(backend='process'): envs is a live {type(envs).__name__}, but each worker process "
-                "builds its own envs; pass an env id with num_envs (and env_kwargs), or a picklable function "
-                "make_envs(num_envs) -> VectorEnv (e.g. functools.partial(gymnasium.make_vec, 'CartPole-v1'))"
-            )
-        hint = "define it at module level (not a lambda or a local function) or use backend='thread'"
-        check_picklable("envs", envs, hint)
-        check_picklable("policy", policy, "make it picklable or use backend='thread'")
-        for name, obj in (("envs", envs), ("policy", policy)):
-            if not _importable_in_worker(obj):
-                raise TypeError(
-                    f"Collector(backend='process'): {name} is defined in an interactive __main__ (a notebook or "
-                    f"the REPL), which worker processes cannot import; {hint}"
-                )
-    return backend
-
-
-def _can_travel(envs: Any, policy: nn.Module) -> bool:
-    """Whether ``envs`` and ``policy`` can be sent to a worker process (``backend="auto"``)."""
-    try:
-        pickle.dumps(envs)
-        pickle.dumps(policy)
-    except Exception:
-        return False
-    return _importable_in_worker(envs) and _importable_in_worker(policy)
-
-
-def _importable_in_worker(obj: Any) -> bool:
-    """False for objects of a ``__main__`` that has no file (a notebook): workers cannot re-import it."""
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    if isinstance(obj, functools.partial):
-        module = getattr(obj.func, "__module__", module)
-    main = sys.modules.get("__main__")
-    return not (module == "__main__" and getattr(main, "__file__", None) is None)
-
-
 # Keys of the batch and of a recurrent policy's call: initial_state's entries cannot use them (nor obs_key).
-_STATE_RESERVED_KEYS = _BATCH_KEYS | {"value", "state_value", "log_prob", "is_init", "next", "next_state"}
+_STATE_RESERVED_KEYS = BATCH_KEYS | {"value", "state_value", "log_prob", "is_init", "next", "next_state"}
 
 
 def _initial_state(initial_state: Any, num_envs: int, obs_key: str) -> TensorDictBase:
@@ -871,75 +570,6 @@ def _initial_state(initial_state: Any, num_envs: int, obs_key: str) -> TensorDic
     state = initial_state.detach().to("cpu").clone()
     state.batch_size = [num_envs]
     return state
-
-
-def _check_policy_device(policy: nn.Module, device: torch.device) -> None:
-    for name, tensor in _named_weights(policy):
-        if tensor.device != device:
-            raise ValueError(
-                f"Collector: with prefetch=0 the policy runs as given, but its tensor {name!r} is on "
-                f"{tensor.device}, not on device={device}; call policy.to({str(device)!r}) first"
-            )
-
-
-def _copy_reason(backend: str, prefetch: int) -> tuple[str, str]:
-    """The argument that makes the collector act with a copy of the policy, and the arguments that avoid it."""
-    if backend in ("process", "ray"):
-        return f"backend={backend!r}", "backend='thread' with prefetch=0"
-    return f"prefetch={prefetch}", "prefetch=0"
-
-
-def _inference_copy(policy: nn.Module, device: torch.device, backend: str, prefetch: int) -> nn.Module:
-    """The acting copy of ``policy``: on ``device``, without gradients."""
-    why, fix = _copy_reason(backend, prefetch)
-    for name, tensor in _named_weights(policy):
-        if is_lazy(tensor):
-            raise ValueError(
-                f"Collector: {why} copies the policy when the Collector is built, but its parameter {name!r} is "
-                "uninitialized (a lazy module such as nn.LazyLinear); run the policy once on a batch of "
-                f"observations before building the Collector, or pass {fix} to act with the module itself"
-            )
-    try:
-        runner = copy.deepcopy(policy)
-    except Exception as exc:
-        raise TypeError(
-            f"Collector: {why} copies the policy but copy.deepcopy({type(policy).__name__}) failed ({exc}); "
-            f"make it deep-copyable or pass {fix} to act with the module itself"
-        ) from exc
-    runner.to(device)
-    runner.requires_grad_(False)
-    runner.eval()  # the collector always acts in eval mode (see call_policy)
-    return runner
-
-
-def _named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from module.named_parameters()
-    yield from module.named_buffers()
-
-
-def _check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: str) -> None:
-    """Raises ValueError naming the first tensor of the policy (``src``) and its copy (``dst``) that differ.
-
-    ``why``: the argument that made the collector copy the policy.
-    """
-    if src.keys() == dst.keys() and all(src[name].shape == dst[name].shape for name in src):
-        return  # the usual case, at every refresh
-    for name in sorted(src.keys() | dst.keys()):
-        if name not in dst:
-            problem = "is new since the Collector was built"
-        elif name not in src:
-            problem = "no longer exists"
-        elif src[name].shape != dst[name].shape:
-            problem = (
-                f"now has shape {tuple(src[name].shape)}, but the collector's copy of the policy ({why}) has "
-                f"shape {tuple(dst[name].shape)}"
-            )
-        else:
-            continue
-        raise ValueError(
-            f"Collector: the policy's parameter {name!r} {problem}; the copy follows replaced parameters of the "
-            "same shape only: create a new Collector after changing the policy's structure"
-        )
 
 
 @atexit.register

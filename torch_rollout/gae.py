@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-__all__ = ["compute_gae"]
+__all__ = ["GAE", "compute_gae"]
+
+
+@dataclass(frozen=True)
+class GAE:
+    """The advantages a Collector adds to each batch: GAE(``gamma``, ``gae_lambda``), see :func:`compute_gae`.
+
+    Args:
+        gamma: discount factor, in [0, 1].
+        gae_lambda: GAE's bias/variance trade-off, in [0, 1] (1: Monte-Carlo returns, 0: one-step TD).
+
+    Examples:
+        >>> GAE(gamma=0.999)
+        GAE(gamma=0.999, gae_lambda=0.95)
+    """
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "gae_lambda"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
+                raise ValueError(f"GAE: {name} must be a float in [0, 1], got {x!r}")
+            object.__setattr__(self, name, float(x))
 
 
 def compute_gae(

@@ -1,8 +1,13 @@
-"""Exactly-once delivery across batches and weight refreshes, and torn-weight freedom under concurrency."""
+"""Exactly-once delivery across batches and weight refreshes, and torn-weight freedom under concurrency.
+
+The weights a row acted with are those of its ``policy_version``, also after the
+trainer replaced the policy's tensors instead of writing into them.
+"""
 
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from functools import partial
 
@@ -10,12 +15,23 @@ import gymnasium
 import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from torch import nn
 
 from placements import PLACEMENTS, envs_for
-from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy, SlowReadPolicy, counting_vec
+from reliability_envs import (
+    AUTORESET_MODES,
+    CountingEnv,
+    CountingPolicy,
+    SlowReadPolicy,
+    close_envs,
+    copy_reason,
+    counting_vec,
+    take,
+)
 from torch_rollout import Collector
 
 TIMEOUT = 60.0
+FAULTY = partial(gymnasium.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement
 N, T, BATCHES = 3, 7, 8  # T is prime to every episode length: episode ends fall on batch boundaries too
 
 
@@ -53,6 +69,7 @@ VECTOR_ENVS_AND_PLACEMENTS = [
 ]
 
 
+@pytest.mark.ray(prefetch=(3,), mode=(AutoresetMode.NEXT_STEP,))
 @pytest.mark.parametrize("cls, placement", VECTOR_ENVS_AND_PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
@@ -97,6 +114,7 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls, placement):
             assert BATCHES * T - count == resets
 
 
+@pytest.mark.ray(prefetch=(3,))
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
 def test_no_row_mixes_two_weight_versions(prefetch, placement):
@@ -147,3 +165,71 @@ def test_no_row_mixes_two_weight_versions(prefetch, placement):
         envs.close()
     assert seen_versions == sorted(seen_versions)
     assert len(set(seen_versions)) > 10  # the weights did change under the collector
+
+
+class LayerPolicy(nn.Module):
+    """Values every observation at ``layer.weight + layer.bias``: the batch shows which weights acted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        with torch.no_grad():
+            self.layer.weight.zero_()
+            self.layer.bias.zero_()
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = obs.shape[0]
+        ones = torch.ones(n, 1, device=obs.device)
+        return {"action": torch.zeros(n, dtype=torch.long), "value": self.layer(ones).squeeze(1)}
+
+
+def replace_weights(policy: LayerPolicy, how: str) -> None:
+    """Gives ``policy`` new weight tensors (not new values in its old ones) that value everything at 5."""
+    if how == "load_state_dict-assign":
+        state = {"layer.weight": torch.full((1, 1), 2.0), "layer.bias": torch.full((1,), 3.0)}
+        policy.load_state_dict(state, assign=True)
+    elif how == "new-submodule":
+        layer = nn.Linear(1, 1)
+        with torch.no_grad():
+            layer.weight.fill_(2.0)
+            layer.bias.fill_(3.0)
+        policy.layer = layer
+    elif how == "new-parameter":
+        policy.layer.weight = nn.Parameter(torch.full((1, 1), 5.0))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.ray(how=("load_state_dict-assign",))
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("how", ["load_state_dict-assign", "new-submodule", "new-parameter", "new-shape"])
+def test_replaced_policy_parameters_are_followed_or_named(how, placement):
+    """The acting copy (prefetch >= 1, worker processes) must follow tensors the trainer replaced, not the ones
+    it had at first."""
+    policy = LayerPolicy()
+    envs, extra = envs_for(placement, FAULTY, 2)
+    options = dict(num_steps=4, device="cpu", prefetch=1, timeout=TIMEOUT, **placement, **extra)
+    with Collector(envs, policy, **options) as collector:
+        next(collector)
+        if how == "new-shape":  # a copy cannot follow that: say which parameter
+            policy.layer = nn.Linear(2, 1)
+            message = (
+                "Collector: the policy's parameter 'layer.weight' now has shape (1, 2), but the collector's copy of "
+                f"the policy ({copy_reason(placement, 1)[0]}) has shape (1, 1); the copy follows replaced parameters "
+                "of the same shape only: create a new Collector after changing the policy's structure"
+            )
+            with pytest.raises(ValueError, match=re.escape(message)):
+                collector.update_policy()
+            close_envs(envs)
+            return
+        replace_weights(policy, how)
+        collector.update_policy()
+        version = collector.policy_version  # every row from this version on acts with the new weights
+        rows = 0
+        for batch in take(collector, 4):
+            new = batch["policy_version"] >= version
+            assert (batch["value"][~new] == 0.0).all()
+            assert (batch["value"][new] == 5.0).all(), f"rows of version >= {version} acted with the old weights"
+            rows += int(new.sum())
+        assert rows > 0
+    close_envs(envs)

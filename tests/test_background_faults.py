@@ -13,10 +13,12 @@ import os
 import re
 import signal
 import traceback
+import warnings
 
 import pytest
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
+from placements import PLACEMENTS, envs_for
 from reliability_envs import (
     BLOCK_RELEASE,
     ConstantPolicy,
@@ -26,6 +28,7 @@ from reliability_envs import (
     Snapshot,
     collector_threads,
     faulty_fns,
+    faulty_vec,
     take,
     make_vec,
     wait_until,
@@ -208,3 +211,38 @@ def test_async_step_blocking_forever_times_out():
     assert wait_until(lambda: not collector_threads(), TIMEOUT)
     del envs, collector
     snapshot.assert_no_leaks()
+
+
+def async_envs_where_warnings_are_errors(num_envs: int, start_index: int = 0) -> VectorEnv:
+    """FaultyEnvs in an AsyncVectorEnv, env 1 raising in its step 7, built where warnings are errors.
+
+    In a worker process that is the worker's own setting (python -W error for it).
+    """
+    warnings.simplefilter("error")
+    return faulty_vec(num_envs, start_index, cls=AsyncVectorEnv, faulty_index=1, fault="step_raises", at=7)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_async_env_error_reaches_consumer_when_warnings_are_errors(placement):
+    """gymnasium reports a worker's exception with warnings.warn before raising it; under -W error (this
+    suite's setting) that warning would be raised instead. The user must get the env's exception."""
+    with warnings.catch_warnings():
+        envs, extra = envs_for(placement, async_envs_where_warnings_are_errors, 3)
+        collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=TIMEOUT, **placement, **extra)
+        try:
+            with pytest.raises(EnvFault, match=re.escape("step 7 of env 1 failed")) as info:
+                for _ in take(collector):
+                    pass
+        finally:
+            collector.close()
+            try:
+                if not extra:
+                    envs.close()  # no call left pending in the vector env: closing it warns of nothing
+            except Warning:
+                with warnings.catch_warnings():  # free the workers anyway, then fail
+                    warnings.simplefilter("ignore")
+                    envs.close(terminate=True)
+                raise
+    # The worker's traceback (the env's step) is shown with it.
+    assert "reliability_envs.py" in "".join(traceback.format_exception(info.value))

@@ -1,13 +1,17 @@
 """Hostile input: NaN and inf, observations of the wrong shape or dtype, actions outside the space,
-outputs on the wrong device, non-contiguous tensors. Each works or fails with an error that names
-the key, what was received and what was expected.
+outputs on the wrong device, non-contiguous tensors, a vector env that another collector steps, a
+lazy policy. Each works or fails with an error that names the key, what was received and what was
+expected.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from functools import partial
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -21,13 +25,19 @@ from reliability_envs import (
     ActionEchoEnv,
     BadObsVectorEnv,
     ConstantPolicy,
+    FaultyEnv,
+    close_envs,
     collect_error,
+    collector_threads,
+    copy_reason,
     faulty_fns,
+    faulty_vec,
     make_vec,
 )
 from torch_rollout import Collector
 
 TIMEOUT = 60.0
+FAULTY = partial(gym.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement
 ASYNC_ERROR_LOG = pytest.mark.filterwarnings("ignore::UserWarning:gymnasium.vector.async_vector_env")
 
 
@@ -90,6 +100,43 @@ def test_check_finite_sees_final_observations(mode, returned_by):
     assert f"obs of env 1 is nan at step 4 (row 0 of batch 1), returned by {returned_by};" in str(info.value)
 
 
+class BoxActionEnv(FaultyEnv):
+    """A FaultyEnv that takes (and ignores) Box actions; it observes ``[index, t, steps so far]``."""
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__(index)
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+def box_action_envs(num_envs: int, start_index: int = 0) -> SyncVectorEnv:
+    return SyncVectorEnv([partial(BoxActionEnv, start_index + i) for i in range(num_envs)])
+
+
+class NonFiniteActionPolicy(nn.Module):
+    """Zero actions, except ``bad`` for env 1 after its second step (row 2 of batch 0), wherever env 1 runs."""
+
+    def __init__(self, bad: float) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        action = torch.zeros(obs.shape[0], 2)
+        action[(obs[:, 0] == 1) & (obs[:, 2] == 2), 0] = self.bad
+        return {"action": action, "value": torch.zeros(obs.shape[0])}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")], ids=["nan", "-inf"])
+def test_check_finite_catches_non_finite_box_actions(bad, placement):
+    """check_finite=True covers what the env receives too: a NaN action is not clipped into anything."""
+    envs, extra = envs_for(placement, box_action_envs, 2)
+    info = collect_error(envs, NonFiniteActionPolicy(bad), prefetch=0, check_finite=True, **placement, **extra)
+    assert str(info.value) == (
+        f"Collector(check_finite=True): action of env 1 is {bad} at step 2 (row 2 of batch 0), returned by the "
+        "policy; pass check_finite=False to let NaN and inf through"
+    )
+
+
 # -- observations of the wrong shape or dtype --------------------------------------------------------
 
 
@@ -107,6 +154,63 @@ def test_sub_env_observation_of_wrong_shape_async():
     # Raised in the AsyncVectorEnv worker, re-raised by gymnasium: the collector names the env, keeping its text.
     info = collect_error(AsyncVectorEnv(faulty_fns(3, 1, fault="obs_shape", at=3)))
     assert "could not broadcast input array from shape (4,) into shape (3,)" in str(info.value)
+
+
+# The env at fault is env 2 of 3: with two worker processes it is the first env of the second worker,
+# which must name it by its global index.
+
+
+@ASYNC_ERROR_LOG
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shared-memory", "pipes"])
+def test_sub_env_observation_of_wrong_shape_async_names_the_env(shared_memory, placement):
+    """As with SyncVectorEnv: the error names the env, the shape it returned and its space."""
+    vector = partial(AsyncVectorEnv, shared_memory=shared_memory)
+    envs, extra = envs_for(placement, partial(faulty_vec, cls=vector, faulty_index=2, fault="obs_shape", at=3), 3)
+    info = collect_error(envs, **placement, **extra)
+    message = str(info.value)
+    assert message.startswith("Collector: env 2 returned an observation of shape (4,)"), message
+    assert "expected shape (3,) and dtype float32 of its observation space Box(-inf, inf, (3,), float32)" in message
+    if not extra:  # from a worker process only a traceback's text comes back, as the cause
+        assert isinstance(info.value.__cause__, ValueError)  # gymnasium's own error
+
+
+class SyncVectorEnvWithoutEnvObs(SyncVectorEnv):
+    """A SyncVectorEnv as a gymnasium without the private ``_env_obs`` would be: nothing to read after a step.
+
+    The one place these tests touch gymnasium's private name, to take it away.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kept = self.__dict__.pop("_env_obs")
+
+    def _with_env_obs(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        self._env_obs = self._kept
+        try:
+            return method(*args, **kwargs)
+        finally:
+            del self._env_obs
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self._with_env_obs(super().reset, **kwargs)
+
+    def step(self, actions: Any) -> Any:
+        return self._with_env_obs(super().step, actions)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_sub_env_observation_of_wrong_shape_sync_without_private_env_obs(placement):
+    """The explanation must not depend on one private attribute of SyncVectorEnv."""
+    recipe = partial(faulty_vec, cls=SyncVectorEnvWithoutEnvObs, faulty_index=2, fault="obs_shape", at=3)
+    envs, extra = envs_for(placement, recipe, 3)
+    info = collect_error(envs, **placement, **extra)
+    assert str(info.value).startswith(
+        "Collector: env 2 returned an observation of shape (4,) and dtype float32, expected shape (3,) and "
+        "dtype float32 of its observation space Box(-inf, inf, (3,), float32)"
+    )
+    if not extra:  # from a worker process only a traceback's text comes back, as the cause
+        assert isinstance(info.value.__cause__, ValueError)  # gymnasium's own "Output array is the wrong shape"
 
 
 @pytest.mark.parametrize(
@@ -271,3 +375,62 @@ def test_non_contiguous_box_action_just_works():
     expected = torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]])
     assert torch.equal(batch["action"][0], expected)
     assert torch.equal(batch["obs"][1, :, :2], expected)
+
+
+# -- envs another collector steps, a policy that cannot be copied yet ------------------------------
+
+
+def test_second_collector_on_a_driven_vector_env_is_refused():
+    """Two collectors stepping one vector env interleave their steps: both trajectories are garbage."""
+    envs = SyncVectorEnv(faulty_fns(2))
+    build = partial(Collector, policy=ConstantPolicy(), num_steps=4, device="cpu", timeout=TIMEOUT)
+    refused = (
+        "two collectors stepping one vector env corrupt each other's trajectories: close that one first "
+        "(close() or a with block) or give each collector its own vector env"
+    )
+    first = build(envs)
+    try:
+        next(first)
+        for other in (envs, gym.wrappers.vector.RecordEpisodeStatistics(envs)):  # a wrapper steps the same envs
+            with pytest.raises(ValueError, match=re.escape(refused)) as info:
+                build(other)
+            assert str(info.value).startswith("Collector: envs is already driven by another open Collector(")
+        next(first)  # the refusal left the first collector alone
+    finally:
+        first.close()
+    # Closed or dropped, a collector lets go of its envs.
+    second = build(envs)
+    next(second)
+    del second
+    with build(envs) as third:
+        next(third)
+    envs.close()
+
+
+class LazyPolicy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.LazyLinear(1)
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": self.body(obs).squeeze(1)}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_lazy_policy_parameters_with_prefetch_name_the_fix(placement):
+    policy = LazyPolicy()
+    envs, extra = envs_for(placement, FAULTY, 2)
+    options = dict(num_steps=4, device="cpu", prefetch=1, timeout=TIMEOUT, **placement, **extra)
+    why, fix = copy_reason(placement, prefetch=1)
+    message = (
+        f"Collector: {why} copies the policy when the Collector is built, but its parameter 'body.weight' is "
+        "uninitialized (a lazy module such as nn.LazyLinear); run the policy once on a batch of observations "
+        f"before building the Collector, or pass {fix} to act with the module itself"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Collector(envs, policy, **options)
+    assert not collector_threads()
+    policy(torch.zeros(2, 3))  # what the message says to do
+    with Collector(envs, policy, **options) as collector:
+        assert next(collector)["value"].shape == (4, 2)
+    close_envs(envs)

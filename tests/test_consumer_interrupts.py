@@ -1,31 +1,46 @@
-"""The consumer side: the trainer raising or breaking, Ctrl-C, a dropped collector, interpreter exit.
+"""The consumer side: the trainer raising or breaking, Ctrl-C, a dropped collector, interpreter exit, a second loop.
 
 In none of these may anything hang or outlive the collector: no thread, no
-child process, no file descriptor. Ctrl-C and interpreter exit run in a
-subprocess, the only place where they can be delivered for real.
+child process, no file descriptor. Ctrl-C in the main thread and interpreter
+exit run in a subprocess, the only place where they can be delivered for real;
+Ctrl-C inside ``next()`` and ``update_policy()`` is a real SIGINT that this
+process sends itself at chosen points, and no batch or weight may be torn by it.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import pytest
-from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+import torch
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
+from torch.overrides import TorchFunctionMode
 
+from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
 from reliability_envs import (
     GC_ARMED,
     GC_GO,
     ConstantPolicy,
+    CountingPolicy,
+    FaultyEnv,
     GcPolicy,
+    SlowReadPolicy,
     Snapshot,
+    close_envs,
     collector_threads,
+    counting_vec,
     faulty_fns,
     wait_until,
     warm_up_multiprocessing,
@@ -35,6 +50,10 @@ from torch_rollout import Collector
 TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 SUBPROCESS_TIMEOUT = 180.0  # a fresh interpreter imports torch: slow on a loaded 2-core box
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+# Points in one next() where Ctrl-C can land: about 200 with the thread, 1,400 with two worker processes.
+MAX_POINTS = 5000
+FAULTY = partial(gym.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -388,3 +407,273 @@ def test_keyboard_interrupt_storm_then_close():
     for prefetch in (0, 2):
         assert int(out[f"batches{prefetch}"]) >= 5
         assert out[f"threads{prefetch}"] == "0"
+
+
+# -- Ctrl-C at chosen points of next() and update_policy(), and a thread stuck at exit -------------
+
+
+class CtrlCAfterCopy(TorchFunctionMode):
+    """Counts this thread's torch copy calls; Ctrl-C (a real SIGINT to this process) right after the ``at``-th.
+
+    Any op whose name has "copy" counts (``Tensor.copy_``, ``torch._foreach_copy_``).
+    Right after a call returns is where CPython runs a signal handler. Torch
+    function modes are thread-local: the collector's thread is not affected.
+    """
+
+    def __init__(self, at: int | None = None) -> None:
+        super().__init__()
+        self.at = at
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if "copy" in getattr(func, "__name__", ""):
+            self.calls += 1
+            if self.calls == self.at:
+                signal.raise_signal(signal.SIGINT)
+        return result
+
+
+@pytest.fixture
+def sigint_raises_keyboard_interrupt():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+class GatedEnv(FaultyEnv):
+    """A FaultyEnv of 100-step episodes; env 0 shows its progress on ``board``, shared memory seen wherever it runs.
+
+    Env 0 writes the number of its step to ``board[0]`` when the step starts,
+    and waits in step ``at`` until the test sets ``board[1]``.
+    """
+
+    def __init__(self, index: int, *, board: torch.Tensor, at: int) -> None:
+        super().__init__(index, episode_length=100)
+        self.board = board
+        self.gate_at = at
+
+    def step(self, action: Any) -> Any:
+        if self.index == 0:
+            self.board[0] = self.steps + 1
+            if self.steps + 1 == self.gate_at:
+                wait_until(lambda: bool(self.board[1]), 600)
+        return super().step(action)
+
+
+def gated_envs(num_envs: int, start_index: int = 0, *, board: torch.Tensor, at: int) -> SyncVectorEnv:
+    return SyncVectorEnv([partial(GatedEnv, start_index + i, board=board, at=at) for i in range(num_envs)])
+
+
+@pytest.fixture
+def board():
+    board = torch.zeros(2, dtype=torch.int64).share_memory_()
+    yield board
+    board[1] = 1  # whatever happened, no step stays blocked after the test
+
+
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)  # the envs read `board` from shared memory
+def test_keyboard_interrupt_in_update_policy_refreshes_all_or_nothing(
+    sigint_raises_keyboard_interrupt, board, placement
+):
+    """Ctrl-C in the middle of the copy of 4 weights: the acting copy is all old or all new, as its version says."""
+    T = 4
+    policy = SlowReadPolicy(k=4, pause=0.0)  # reports the 4 weights it acted with
+    # Env 0 waits in the first step of batch 1 until released: the rest of its batch 1 acts after the Ctrl-C.
+    envs, extra = envs_for(placement, partial(gated_envs, board=board, at=T + 1), 2)
+    options = dict(num_steps=T, device="cpu", prefetch=1, timeout=TIMEOUT, **placement, **extra)
+    with Collector(envs, policy, **options) as collector:
+        next(collector)
+        with CtrlCAfterCopy() as count:  # how many copy calls one refresh makes
+            collector.update_policy()
+        old = collector.policy_version
+        with torch.no_grad():
+            for w in policy.ws:
+                w.fill_(1.0)
+        # After the last copy but one: 3 of the 4 weights when they are copied one by one.
+        with pytest.raises(KeyboardInterrupt):
+            with CtrlCAfterCopy(at=max(1, count.calls - 1)):
+                collector.update_policy()
+        assert collector.policy_version in (old, old + 1)  # nothing copied, or all of it
+        board[1] = 1
+        assert wait_until(lambda: board[0] >= 2 * T, TIMEOUT)  # batch 1 acted, before any new refresh
+        batch = next(collector)  # batch 1
+        weights, versions = batch["weights"], batch["policy_version"]  # [T, N, 4], [T, N]
+        assert (weights == weights[..., :1]).all(), f"rows acted with a half-refreshed copy: {weights[:, 0].tolist()}"
+        # Versions up to `old` copied the weights 0, version old + 1 the weights 1.
+        assert (versions <= old + 1).all()
+        assert torch.equal(weights[:, :, 0], (versions > old).float()), (weights[:, 0], versions[:, 0])
+    close_envs(envs)
+
+
+class StepCount(gym.vector.VectorWrapper):
+    """Counts ``envs.step()`` calls in ``calls[slot]``, shared memory seen wherever the envs run."""
+
+    def __init__(self, env: gym.vector.VectorEnv, calls: torch.Tensor, slot: int) -> None:
+        super().__init__(env)
+        self.calls = calls
+        self.slot = slot
+
+    def step(self, actions: Any) -> Any:
+        self.calls[self.slot] += 1
+        return super().step(actions)
+
+
+def counted_envs(num_envs: int, start_index: int = 0, *, calls: torch.Tensor) -> VectorEnv:
+    """CountingEnvs whose steps are counted in ``calls[start_index]``: each worker's envs have a slot of their own."""
+    return StepCount(counting_vec(num_envs, start_index), calls, start_index)
+
+
+def next_with_ctrl_c_at(collector: Collector, k: int) -> tuple[Any, int]:
+    """``next(collector)`` with Ctrl-C (a real SIGINT) at the ``k``-th point inside it where one can land.
+
+    CPython runs a signal handler at the start of a Python function and right
+    after a call returns, i.e. at the profiler's "call", "return" and "c_return"
+    events; the return of ``next()`` itself to this frame is outside it. The
+    KeyboardInterrupt comes at once, or where the collector stops deferring
+    SIGINT. Returns the batch (None if interrupted) and the number of such
+    points seen. Finalizers and weakref callbacks that happen to run meanwhile
+    are skipped: Python swallows a KeyboardInterrupt there ("Exception ignored
+    in ...").
+    """
+    outer = sys._getframe()
+    points = 0
+
+    def profile(frame, event, arg):
+        nonlocal points
+        if frame is outer or event not in ("call", "return", "c_return"):
+            return
+        if frame.f_code.co_name == "__del__" or frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            return
+        if event == "return" and frame.f_back is outer:
+            return
+        points += 1
+        if points == k:
+            signal.raise_signal(signal.SIGINT)  # the profiler unsets itself if the handler raises here
+
+    grad = torch.is_grad_enabled()  # an interrupted `with torch.no_grad()` may not restore it
+    sys.setprofile(profile)
+    try:
+        batch = next(collector)
+    except KeyboardInterrupt:
+        batch = None
+    finally:
+        sys.setprofile(None)
+        torch.set_grad_enabled(grad)
+    return batch, points
+
+
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)  # the envs count their steps in shared memory
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ahead(
+    sigint_raises_keyboard_interrupt, prefetch, placement
+):
+    """Ctrl-C at every point of next() in turn: no batch is lost, and collection stays within prefetch."""
+    T, N = 4, 2
+    calls = torch.zeros(N, dtype=torch.int64).share_memory_()
+    envs, extra = envs_for(placement, partial(counted_envs, calls=calls), N)
+    loops = num_loops(placement)  # vector envs, each stepped T times per batch
+
+    def collected() -> float:
+        return int(calls.sum()) / (T * loops)
+
+    batches = []
+    options = dict(num_steps=T, device="cpu", prefetch=prefetch, timeout=TIMEOUT, **placement, **extra)
+    with Collector(envs, CountingPolicy(), **options) as collector:
+        iter(collector)  # starts collecting ahead
+        k = 0
+        while True:
+            k += 1
+            assert k < MAX_POINTS, "next() never got through without an interrupt"
+            if prefetch:  # the batch is ready when next() starts, so that each k lands at the same point
+                assert wait_until(lambda: collected() >= len(batches) + prefetch, TIMEOUT, interval=0.001)
+                time.sleep(0.003)  # its last steps are done: the batch is being sent
+            batch, points = next_with_ctrl_c_at(collector, k)
+            # As a trainer would after Ctrl-C: carry on. The next k then starts from the same state again.
+            batches.append(next(collector) if batch is None else batch)
+            if points < k:  # went through: every point has had its interrupt
+                break
+        batches.append(next(collector))
+        time.sleep(0.3)  # collection running ahead of the trainer would step on now
+        ahead = collected() - len(batches)
+        assert ahead <= prefetch, f"{ahead:g} batches were collected ahead of the trainer, prefetch={prefetch}"
+    close_envs(envs)
+    assert k > 5  # next() had that many points to interrupt
+    mask = torch.cat([b["mask"] for b in batches])
+    reward = torch.cat([b["reward"] for b in batches])
+    for i in range(N):  # CountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
+        got = reward[:, i][mask[:, i]]
+        assert torch.equal(got, torch.arange(len(got), dtype=got.dtype)), f"env {i}: a batch was dropped"
+
+
+STUCK_AT_EXIT = """
+from gymnasium.vector import SyncVectorEnv
+from reliability_envs import ConstantPolicy, faulty_fns, wait_until
+from torch_rollout import Collector
+
+envs = SyncVectorEnv(faulty_fns(2, 0, fault="step_blocks", at=3))
+collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", prefetch=1)  # no timeout
+iter(collector)  # starts collecting ahead
+assert wait_until(lambda: envs.envs[0].steps == 3, 60)  # the thread is in env 0's third step for good
+print("exiting", flush=True)
+"""
+
+# The interpreter must be gone this long after the script's last line: the collector's bounded wait
+# for its stuck thread (2 s, which the warning states) plus the interpreter's own teardown. That
+# teardown took over 2 s on the 2-core machine under a load of 9; before the fix the wait alone was 10 s.
+EXIT_BOUND = 8.0
+
+
+def test_interpreter_exit_with_a_thread_stuck_in_the_env_is_bounded_and_says_where():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(STUCK_AT_EXIT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()  # blocks until the thread is stuck
+        assert line.strip() == "exiting", (line, proc.stderr.read() if proc.poll() is not None else "")
+        start = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=EXIT_BOUND)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            pytest.fail(f"the interpreter did not exit within {EXIT_BOUND} s; stderr: {err}")
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        raise
+    assert time.monotonic() - start < EXIT_BOUND
+    assert proc.returncode == 0, err
+    assert "RuntimeWarning: Collector.close: at interpreter exit the background thread did not stop within 2.0 s" in err
+    assert "envs.step()" in err, err  # the call the thread is stuck in
+    assert "reliability_envs.py" in err, err  # and where: the env's own code
+
+
+# -- a second loop ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_iterating_a_finished_collector_again_raises(placement):
+    """A second ``for`` loop over a collector that delivered all its batches is an error, not an empty loop."""
+    envs, extra = envs_for(placement, FAULTY, 2)
+    message = (
+        "Collector: cannot iterate again: the collector already delivered all 3 batches of total_timesteps=24; "
+        "create a new Collector"
+    )
+    options = dict(num_steps=4, device="cpu", total_timesteps=24, timeout=TIMEOUT, **placement, **extra)
+    with Collector(envs, ConstantPolicy(), **options) as collector:
+        assert sum(1 for _ in collector) == 3
+        with pytest.raises(StopIteration):  # the iterator protocol: an exhausted iterator stays exhausted
+            next(collector)
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            for _ in collector:
+                pass
+    close_envs(envs)

@@ -1,0 +1,308 @@
+"""Placements: where the collection loop runs. The interface every placement speaks, and the user's choice of one.
+
+A *placement* runs the one collection loop (``torch_rollout._loop``) somewhere
+and moves batches and weights between it and the trainer: the background
+thread (``_thread.py``), worker processes with shared memory (``_process.py``),
+Ray actors (``_ray.py``). The Collector talks to a placement only through
+:class:`Placement`; the user chooses one with ``backend=``: a name, or one of the
+:class:`Backend` objects :class:`Thread`, :class:`Processes` and :class:`Ray`,
+which check their arguments and build their placement. Adding a placement is
+one module and one :class:`Backend` here.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import pickle
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict
+from torch import Tensor, nn
+
+from torch_rollout._envs import EnvRecipe, build_envs, check_picklable
+from torch_rollout._spec import LoopSpec
+from torch_rollout._weights import acting_copy, check_policy_device
+
+__all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
+
+_NAMES = ("auto", "thread", "process", "ray")
+
+
+class Placement(Protocol):
+    """A running placement of the collection loop, as the Collector uses it."""
+
+    requested: int
+    """Batches requested so far: :meth:`request` counts them together with the request."""
+    ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
+    """Results that :meth:`wait` received, oldest first: ``(batch, None)`` or ``(None, error)``; the consumer
+    takes them without a call."""
+    autoreset_mode: AutoresetMode
+    """The envs' autoreset mode (the workers' envs' where they build them)."""
+    envs: VectorEnv | None
+    """The live vector env when it steps in this process, else None."""
+    weights: dict[str, Tensor] | None
+    """The acting copy's tensors by name, which :meth:`refresh` writes; None when acting with the trainer's module
+    itself, or once closed."""
+
+    @property
+    def version(self) -> int:
+        """Weight refreshes so far (the version of the weights that act now)."""
+
+    def start(self) -> None:
+        """Begins serving requests; called last in the Collector's construction (after this, only reseeds)."""
+
+    def request(self) -> None:
+        """Asks for one more batch; never blocks."""
+
+    def wait(self, deadline: float | None) -> bool:
+        """Waits until :attr:`ready` holds a result; False when ``deadline`` (``time.monotonic()``) passes first."""
+
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
+        """Copies ``src`` into the acting copy's ``dst`` and counts a new version, with no forward pass running."""
+
+    def set_version(self, version: int) -> None:
+        """Counts versions on from ``version`` (a resumed collector's), before the first request."""
+
+    def reseed(self, seed: int | None) -> None:
+        """Resets the envs from ``seed`` (env ``j``: ``seed + j``) before the next batch; before the first request."""
+
+    def close(self, join_timeout: float) -> str | None:
+        """Stops collecting and closes the envs it built; None, or where a thread that did not stop is stuck."""
+
+
+class Backend:
+    """The user's choice of placement (``backend=``): checks the arguments for it and builds it."""
+
+    name: ClassVar[str]
+    num_workers: int
+
+    def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | None) -> None:
+        """Refuses ``envs``, ``policy`` or ``compile_options`` that this placement cannot use, naming the fix."""
+
+    def default_prefetch(self, device: torch.device) -> int:
+        """``prefetch=None``: batches collected ahead of the consumer."""
+        return 1
+
+    def copy_reason(self, prefetch: int) -> tuple[str, str]:
+        """The argument that makes the collector act with a copy of the policy, and the arguments that avoid it."""
+        return f"backend={self.name!r}", "backend='thread' with prefetch=0"
+
+    def build(
+        self,
+        envs: VectorEnv | EnvRecipe,
+        policy: nn.Module,
+        *,
+        num_envs: int,
+        spec: LoopSpec,
+        device: torch.device,
+        prefetch: int,
+        seed: int | None,
+        timeout: float | None,
+    ) -> Placement:
+        """Builds and returns the running placement (a remote one has its envs built and reset by then)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Thread(Backend):
+    """The collection loop on a daemon thread of the trainer's process: right for a CUDA policy and live envs.
+
+    Examples:
+        >>> Thread()
+        Thread()
+    """
+
+    name: ClassVar[str] = "thread"
+    num_workers: int = field(default=1, init=False, repr=False)
+
+    def default_prefetch(self, device: torch.device) -> int:
+        # Measured (docs/performance.md): on a CPU the thread shares the GIL with the trainer and collecting
+        # ahead made training slower; in lockstep it is never slower.
+        return 0 if device.type == "cpu" else 1
+
+    def copy_reason(self, prefetch: int) -> tuple[str, str]:
+        return f"prefetch={prefetch}", "prefetch=0"
+
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+        from torch_rollout._thread import ThreadPlacement
+
+        owns_envs = not isinstance(envs, VectorEnv)
+        built = build_envs(envs, num_envs) if owns_envs else envs
+        try:
+            if prefetch == 0:
+                check_policy_device(policy, device)
+                runner = policy
+            else:
+                why, fix = self.copy_reason(prefetch)
+                runner = acting_copy(policy, device, why=why, fix=fix)
+            return ThreadPlacement(built, runner, spec, owns_envs=owns_envs, owned=runner is not policy, device=device,
+                                   seed=seed)  # fmt: skip
+        except BaseException:
+            if owns_envs:
+                built.close()
+            raise
+
+
+@dataclass(frozen=True)
+class Processes(Backend):
+    """The collection loop in ``num_workers`` worker processes, each stepping a contiguous share of the envs.
+
+    Each worker builds its envs from ``envs`` (an env id or a picklable
+    ``make_envs`` function); batches and weights travel in shared memory.
+
+    Examples:
+        >>> Processes(num_workers=2)
+        Processes(num_workers=2)
+    """
+
+    name: ClassVar[str] = "process"
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        _check_workers(self)
+
+    def check(self, envs, policy, compile_options) -> None:  # noqa: D102
+        instead = "a picklable function make_envs(num_envs) -> VectorEnv (e.g. torch_rollout.gym_envs('CartPole-v1'))"
+        _refuse_live_envs(self, envs, "worker process", instead)
+        hint = "define it at module level (not a lambda or a local function) or use backend='thread'"
+        check_picklable("envs", envs, hint)
+        check_picklable("policy", policy, "make it picklable or use backend='thread'")
+        for name, obj in (("envs", envs), ("policy", policy)):
+            if not importable_in_worker(obj):
+                raise TypeError(
+                    f"Collector(backend='process'): {name} is defined in an interactive __main__ (a notebook or "
+                    f"the REPL), which worker processes cannot import; {hint}"
+                )
+        if compile_options:  # e.g. a backend function, sent to the workers
+            check_picklable("compile_policy", compile_options, "pass the backend by its name or as a module-level "
+                            "function")  # fmt: skip
+
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+        from torch_rollout._process import ProcessPlacement
+
+        why, fix = self.copy_reason(prefetch)
+        # The workers share the acting copy's memory: a refresh writes it in place.
+        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix).share_memory()
+        return ProcessPlacement(envs, runner, spec, num_envs=num_envs, num_workers=self.num_workers,
+                                prefetch=prefetch, device=device, seed=seed, startup_timeout=timeout)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ray(Backend):
+    """The collection loop in ``num_workers`` Ray actors, on the Ray this process is connected to (or a local one).
+
+    Args:
+        num_workers: Ray actors, each stepping a contiguous share of the envs.
+        options: Ray actor options for every worker (``num_cpus``, ``num_gpus``,
+            ``resources``, ``runtime_env``, ``scheduling_strategy``, ...; a worker
+            given GPUs runs the policy on its GPU), and ``max_restarts``: how many
+            times a worker whose actor died is recreated with new envs (default 0:
+            the death is an error).
+
+    Examples:
+        >>> Ray(num_workers=4, options={"num_cpus": 1, "max_restarts": 2})
+        Ray(num_workers=4, options={'num_cpus': 1, 'max_restarts': 2})
+    """
+
+    name: ClassVar[str] = "ray"
+    num_workers: int = 1
+    options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check_workers(self)
+        if self.options is not None and not isinstance(self.options, Mapping):
+            raise ValueError(
+                f"Ray: options must be a dict of Ray actor options, got {type(self.options).__name__} "
+                f"{self.options!r}"
+            )
+        restarts = (self.options or {}).get("max_restarts", 0)
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ValueError(f"Ray: options['max_restarts'] must be an int >= 0 (restarts per worker), got {restarts!r}")
+
+    def check(self, envs, policy, compile_options) -> None:  # noqa: D102
+        from torch_rollout._ray import check_ray_picklable
+
+        _refuse_live_envs(self, envs, "Ray worker", "a function make_envs(num_envs) -> VectorEnv")
+        check_ray_picklable("envs", envs)
+        check_ray_picklable("policy", policy)
+        if compile_options:
+            check_ray_picklable("compile_policy", compile_options)
+
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+        from torch_rollout._ray import RayPlacement
+
+        why, fix = self.copy_reason(prefetch)
+        # The acting copy stays in the trainer; Ray's object store carries it to the actors.
+        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
+        return RayPlacement(envs, runner, spec, num_envs=num_envs, num_workers=self.num_workers, prefetch=prefetch,
+                            device=device, seed=seed, startup_timeout=timeout, options=self.options)  # fmt: skip
+
+
+def resolve_backend(backend: Any, envs: Any, policy: nn.Module, device: torch.device) -> Backend:
+    """The :class:`Backend` for the Collector's ``backend`` argument; ``"auto"`` decides here.
+
+    ``"auto"`` takes one worker process for a CPU policy when ``envs`` is an env id
+    or a function and both it and the policy can be sent to a worker process, else
+    the thread.
+    """
+    if isinstance(backend, Backend):
+        chosen = backend
+    elif backend == "auto":
+        travels = device.type == "cpu" and not isinstance(envs, VectorEnv) and _can_travel(envs, policy)
+        chosen = Processes() if travels else Thread()
+    elif backend == "thread":
+        chosen = Thread()
+    elif backend == "process":
+        chosen = Processes()
+    elif backend == "ray":
+        chosen = Ray()
+    elif isinstance(backend, str):
+        raise ValueError(
+            f"Collector: backend must be one of {list(_NAMES)}, got {backend!r} (or Thread(), "
+            "Processes(num_workers=...), Ray(num_workers=..., options=...))"
+        )
+    else:
+        raise TypeError(
+            f"Collector: backend must be a name {list(_NAMES)} or one of torch_rollout.Thread(), "
+            f"Processes(num_workers=...), Ray(num_workers=..., options=...), got {type(backend).__name__} {backend!r}"
+        )
+    return chosen
+
+
+def _check_workers(backend: Backend) -> None:
+    n = backend.num_workers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{type(backend).__name__}: num_workers must be an int >= 1, got {n!r}")
+
+
+def _refuse_live_envs(backend: Backend, envs: Any, who: str, instead: str) -> None:
+    if isinstance(envs, VectorEnv):
+        raise TypeError(
+            f"Collector(backend={backend.name!r}): envs is a live {type(envs).__name__}, but each {who} builds its "
+            f"own envs; pass an env id with num_envs, or {instead}"
+        )
+
+
+def _can_travel(envs: Any, policy: nn.Module) -> bool:
+    """Whether ``envs`` and ``policy`` can be sent to a worker process (``backend="auto"``)."""
+    try:
+        pickle.dumps(envs)
+        pickle.dumps(policy)
+    except Exception:
+        return False
+    return importable_in_worker(envs) and importable_in_worker(policy)
+
+
+def importable_in_worker(obj: Any) -> bool:
+    """False for objects of a ``__main__`` that has no file (a notebook): workers cannot re-import it."""
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    if isinstance(obj, functools.partial):
+        module = getattr(obj.func, "__module__", module)
+    main = sys.modules.get("__main__")
+    return not (module == "__main__" and getattr(main, "__file__", None) is None)

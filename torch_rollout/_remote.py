@@ -1,0 +1,192 @@
+"""What the placements in other processes share: the K-worker bookkeeping on the trainer's side, and the worker's set-up.
+
+A remote placement (worker processes, Ray actors) asks each of its ``K``
+workers for its share of every batch and gathers one message per worker:
+``("ready", info)`` once its envs are built and reset, then one per batch, or
+``("error", exception, traceback_text)``. :class:`RemotePlacement` keeps what has
+arrived, the first failure, and the results for the consumer; a subclass only
+says how to wait for its workers' messages and how to put their shares
+together. On the worker's side, :func:`worker_loop` and
+:func:`error_message` are the set-up and the error reply that every worker uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict
+
+from torch_rollout._async_loop import loop_class
+from torch_rollout._envs import RemoteTraceback, split_envs
+from torch_rollout._loop import Forward, RolloutLoop
+from torch_rollout._spec import LoopSpec
+
+__all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop"]
+
+
+class RemotePlacement:
+    """The trainer's side of ``num_workers`` workers that each collect a contiguous share of the envs.
+
+    Subclasses implement :meth:`_poll` (wait a little for the messages of some
+    workers and hand each to :meth:`_record`, or set :attr:`_failure` for a worker
+    that died), :meth:`_unpack` (a message's payload), :meth:`_assemble` (the
+    workers' shares as one ``[T, N]`` batch on ``device``) and :meth:`_who` (how
+    errors name a worker). What arrives for the batch being gathered waits in
+    ``_received`` until every worker's share is there, so a wait interrupted by
+    Ctrl-C or a deadline loses nothing.
+    """
+
+    envs: VectorEnv | None = None  # the envs step in the workers
+    autoreset_mode: AutoresetMode
+
+    def __init__(self, *, num_envs: int, num_workers: int, device: torch.device) -> None:
+        self.device = device
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.shares = split_envs(num_envs, num_workers)
+        self.requested = 0
+        # Results for the consumer: the next batches, or the error that ended collection.
+        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
+        self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
+        self._failure: BaseException | None = None  # a worker's error or death
+        self.closed = False
+
+    # -- for subclasses ------------------------------------------------------------------------
+
+    def _poll(self, kind: str, pending: list[int], timeout: float) -> None:
+        """Waits up to ``timeout`` s for a message of ``kind`` from the ``pending`` workers; records what comes."""
+        raise NotImplementedError
+
+    def _unpack(self, k: int, message: tuple) -> Any:
+        """What to keep of worker ``k``'s message (not an error) for :meth:`_assemble`."""
+        return message[1]
+
+    def _assemble(self, parts: list[Any]) -> TensorDict:
+        """The workers' shares, in worker order, as one ``[T, N]`` batch on ``device``."""
+        raise NotImplementedError
+
+    def _taken(self) -> None:
+        """Called once a batch was assembled from ``_received``, before the next one is gathered."""
+
+    def _who(self, k: int) -> str:
+        """Worker ``k`` as errors name it, e.g. ``"worker 0 (pid 123)"``."""
+        raise NotImplementedError
+
+    # -- the shared bookkeeping ----------------------------------------------------------------
+
+    def _record(self, k: int, message: tuple) -> None:
+        """Keeps worker ``k``'s message, or makes its error the failure."""
+        if message[0] == "error":
+            self._failure = self._remote_error(k, message[1], message[2])
+        else:
+            self._received[k] = self._unpack(k, message)
+
+    def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
+        """The worker's exception, its traceback text chained as the cause and a note naming the worker."""
+        who = self._who(k)
+        exc.__cause__ = RemoteTraceback(f'\n"""\nin {who}:\n{text}"""')
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised in torch_rollout {who})")
+        return exc
+
+    def _gather(self, kind: str, deadline: float | None) -> bool:
+        """One message of ``kind`` from every worker into ``_received``.
+
+        Returns False when a worker failed (its error or death is ``_failure``)
+        or ``deadline`` (monotonic) passes first.
+        """
+        while len(self._received) < self.num_workers and self._failure is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            self._poll(kind, [k for k in range(self.num_workers) if k not in self._received], timeout)
+        return self._failure is None
+
+    def wait(self, deadline: float | None) -> bool:
+        """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
+
+        Returns False when ``deadline`` (monotonic) passes first. Ctrl-C lands
+        only while waiting: what was received stays for the next call.
+        """
+        while not self.ready:
+            gathered = self._failure is None and self._gather("batch", deadline)
+            with sigint_deferred():
+                if self._failure is not None:
+                    self.ready.append((None, self._failure))
+                elif not gathered:
+                    return False
+                else:
+                    batch = self._assemble([self._received[k] for k in range(self.num_workers)])
+                    self._received = {}
+                    self._taken()
+                    self.ready.append((batch, None))
+        return True
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Holds Ctrl-C (SIGINT) back until the block ends, then delivers it to the handler it was meant for.
+
+    For the consumer's short critical sections, which talk to the workers one
+    call at a time: there a KeyboardInterrupt would leave a pipe half-read, a
+    worker's lock held or a received batch unrecorded. Signals run their
+    handlers in the main thread only, so elsewhere there is nothing to defer.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # (None: a handler installed outside Python, which could not be put back)
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
+
+
+# -- the worker's side ----------------------------------------------------------------------------
+
+
+def worker_loop(
+    envs: VectorEnv,
+    spec: LoopSpec,
+    forward: Forward,
+    *,
+    start_index: int,
+    device: torch.device,
+    seed: int | None,
+    stop: Callable[[], bool],
+) -> RolloutLoop:
+    """A worker's loop over its share of the envs (the first is global env ``start_index``), batches on the CPU.
+
+    The envs are reset before it returns.
+    """
+    loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
+        envs, forward, spec, device=device, storage_device=torch.device("cpu"), seed=seed, stop=stop,
+        env_offset=start_index,
+    )  # fmt: skip
+    loop.reset()
+    return loop
+
+
+def error_message(exc: BaseException, dumps: Callable[[Any], Any]) -> tuple[str, BaseException, str]:
+    """A worker's error reply: ``("error", exc, traceback text)``, ``exc`` replaced where ``dumps`` cannot send it.
+
+    An exception that cannot be pickled still sends its type name and message, as a RuntimeError.
+    """
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        dumps(exc)
+    except Exception:
+        exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
+    return ("error", exc, text)

@@ -1,0 +1,78 @@
+"""The policy's weights on the acting side: the acting copy, and refreshing it from the trainer's module by name."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+
+__all__ = ["acting_copy", "check_policy_device", "check_same_structure", "named_weights"]
+
+
+def named_weights(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The module's parameters, then its buffers, by name: what a refresh copies."""
+    yield from module.named_parameters()
+    yield from module.named_buffers()
+
+
+def check_policy_device(policy: nn.Module, device: torch.device) -> None:
+    """Refuses a policy that is to act as given (no copy) with a tensor off ``device``."""
+    for name, tensor in named_weights(policy):
+        if tensor.device != device:
+            raise ValueError(
+                f"Collector: with prefetch=0 the policy runs as given, but its tensor {name!r} is on "
+                f"{tensor.device}, not on device={device}; call policy.to({str(device)!r}) first"
+            )
+
+
+def acting_copy(policy: nn.Module, device: torch.device, *, why: str, fix: str) -> nn.Module:
+    """The acting copy of ``policy``: on ``device``, without gradients, in eval mode.
+
+    ``why``: the argument that makes the collector copy the policy; ``fix``: the arguments that avoid it.
+    """
+    for name, tensor in named_weights(policy):
+        if is_lazy(tensor):
+            raise ValueError(
+                f"Collector: {why} copies the policy when the Collector is built, but its parameter {name!r} is "
+                "uninitialized (a lazy module such as nn.LazyLinear); run the policy once on a batch of "
+                f"observations before building the Collector, or pass {fix} to act with the module itself"
+            )
+    try:
+        runner = copy.deepcopy(policy)
+    except Exception as exc:
+        raise TypeError(
+            f"Collector: {why} copies the policy but copy.deepcopy({type(policy).__name__}) failed ({exc}); "
+            f"make it deep-copyable or pass {fix} to act with the module itself"
+        ) from exc
+    runner.to(device)
+    runner.requires_grad_(False)
+    runner.eval()  # the collector always acts in eval mode (see call_policy)
+    return runner
+
+
+def check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: str) -> None:
+    """Raises ValueError naming the first tensor of the policy (``src``) and its copy (``dst``) that differ.
+
+    ``why``: the argument that made the collector copy the policy.
+    """
+    if src.keys() == dst.keys() and all(src[name].shape == dst[name].shape for name in src):
+        return  # the usual case, at every refresh
+    for name in sorted(src.keys() | dst.keys()):
+        if name not in dst:
+            problem = "is new since the Collector was built"
+        elif name not in src:
+            problem = "no longer exists"
+        elif src[name].shape != dst[name].shape:
+            problem = (
+                f"now has shape {tuple(src[name].shape)}, but the collector's copy of the policy ({why}) has "
+                f"shape {tuple(dst[name].shape)}"
+            )
+        else:
+            continue
+        raise ValueError(
+            f"Collector: the policy's parameter {name!r} {problem}; the copy follows replaced parameters of the "
+            "same shape only: create a new Collector after changing the policy's structure"
+        )
