@@ -21,9 +21,13 @@ import argparse
 import csv
 import dataclasses
 import functools
+import inspect
 import math
 import os
+import re
+import shutil
 import sys
+import textwrap
 import time
 import types
 import typing
@@ -51,14 +55,19 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartp
 
 @dataclasses.dataclass
 class Config:
-    """PPO hyperparameters; the defaults are CleanRL's ppo.py, the YAML files tune them per env."""
+    """PPO hyperparameters; the defaults are CleanRL's ppo.py, the YAML files tune them per env.
 
+    The comment beside each field is its description in `--help`, the headings its groups there.
+    """
+
+    # the run
     exp_name: str = "ppo"  # first part of the run folder's name
     run_dir: str | None = None  # output folder; None: runs/<exp_name>_<env_id>_seed<seed>
     seed: int = 1  # seeds the agent's init, the env resets, action sampling and minibatch order
     device: str | None = None  # where the agent and the batches live; None: cuda if available
     torch_threads: int = 1  # intra-op threads for torch; set_num_threads is process-wide
 
+    # environments
     env_id: str = "CartPole-v1"  # any gymnasium id with a flat Box observation space
     num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
     normalize_obs: bool = False  # NormalizeObservation; its statistics go into the checkpoint
@@ -68,6 +77,7 @@ class Config:
     clip_action: bool = False  # ClipAction on Box action spaces
     mask_velocity: bool = False  # CartPole only: drop the cart and pole velocities, so that acting needs memory
 
+    # collection and PPO
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
     backend: str = "auto"  # where collection runs: "process", "thread", "ray", or "auto" (processes for a CPU agent)
@@ -88,11 +98,13 @@ class Config:
     max_grad_norm: float = 0.5  # global gradient-norm clip
     target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
 
+    # the agent
     hidden_size: int = 64  # width of the two tanh layers of actor and critic
     lstm_size: int = 0  # > 0: an LSTM of this width beneath actor and critic (a recurrent policy); 0: MLP only
     bptt_steps: int = 8  # with an LSTM: minibatches of sequences of this many steps, replayed from the stored state
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
+    # logging, checkpoints and evaluation
     return_window: int = 20  # episodes in the reported mean return
     checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
@@ -669,8 +681,47 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
 # ---------------------------------------------------------------------------- command line
 
 
+def yaml_scalar(value: Any) -> str:
+    """A config value as it is typed in a KEY=VALUE override or a YAML file."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_help() -> str:
+    """Every Config key, its default and the comment beside it, grouped by Config's headings, for `--help`."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
+    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    width = shutil.get_terminal_size().columns - 2  # as argparse wraps its own help
+    width = max(width, 60)
+    lines = textwrap.wrap(
+        "config keys, given as KEY=VALUE after the options, with the defaults of the Config dataclass. Without "
+        f"--config, configs/{DEFAULT_CONFIG.name} applies first: its values follow the descriptions in [brackets].",
+        width,
+    )
+    # the source is the one place the descriptions are written: the comments beside the fields
+    for line in inspect.getsource(Config).splitlines():
+        if heading := re.fullmatch(r"    # (.+)", line):
+            lines += ["", f"{heading[1]}:"]
+        elif field := re.fullmatch(r"    (\w+): [^#]+?  # (.+)", line):
+            name, text = field[1], field[2]
+            if name in shipped and shipped[name] != defaults[name]:
+                text += f" [{DEFAULT_CONFIG.name}: {yaml_scalar(shipped[name])}]"
+            key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
+            lines += textwrap.wrap(
+                text, width, initial_indent=key, subsequent_indent=" " * 30,
+                break_long_words=False, break_on_hyphens=False,
+            )  # fmt: skip
+    usage = textwrap.dedent(__doc__.partition("Usage::")[2]).strip("\n")
+    return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
     parser.add_argument("--eval", metavar="CHECKPOINT", default=None, help="evaluate a checkpoint instead")
     parser.add_argument(

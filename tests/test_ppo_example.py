@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import os
 import re
@@ -115,6 +116,26 @@ def test_command_line_reports_config_errors(ppo, capsys):
         ppo.main(["--config", str(CONFIGS / "ppo_cartpole.yaml"), "bogus=1"])
     assert exit_info.value.code == 2
     assert "unknown config key 'bogus'" in capsys.readouterr().err
+
+
+def test_help_lists_every_config_key_with_its_default_and_description(ppo):
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # descriptions are wrapped to the terminal's width
+    source = SCRIPT.read_text()
+    for field in dataclasses.fields(ppo.Config):
+        default = field.default
+        shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        (description,) = re.findall(rf"^    {field.name}: [^#\n]+  # (.+)$", source, re.MULTILINE)
+        assert f" {field.name}={shown} {description}" in text, field.name
+    assert "total_timesteps=500000 env transitions to collect (all envs together) [ppo_cartpole.yaml: 200000]" in text
+    for heading in ("the run:", "environments:", "collection and PPO:", "the agent:", "logging, checkpoints"):
+        assert heading in text
+    for option in ("--config CONFIG", "--eval CHECKPOINT", "--resume CHECKPOINT", "KEY=VALUE"):
+        assert option in text
 
 
 # ---------------------------------------------------------------------------- runs
