@@ -21,6 +21,7 @@ import argparse
 import csv
 import dataclasses
 import functools
+import importlib
 import inspect
 import math
 import os
@@ -108,6 +109,7 @@ class Config:
     return_window: int = 20  # episodes in the reported mean return
     checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
+    track_tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder
 
 
 class ConfigError(ValueError):
@@ -350,10 +352,23 @@ def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: C
 # ---------------------------------------------------------------------------- training
 
 
-class Logger:
-    """One CSV row per iteration, mirrored to TensorBoard when it is installed."""
+def import_optional(module: str, key: str, package: str) -> types.ModuleType:
+    """Imports what the config key `key` needs, or fails before the run starts, naming the key and the fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{key}=true needs {package}, which is not installed: pip install 'torch_rollout[examples]' "
+            f"(or pip install {package}), or leave {key} off"
+        ) from None
 
-    def __init__(self, run_dir: Path, fields: list[str], *, resume_step: int | None = None) -> None:
+
+class Logger:
+    """One CSV row per iteration; with `tensorboard`, the same scalars and every episode's return as events."""
+
+    def __init__(
+        self, run_dir: Path, fields: list[str], *, resume_step: int | None = None, tensorboard: bool = False
+    ) -> None:
         path = run_dir / "progress.csv"
         kept = []
         if resume_step is not None and path.exists():
@@ -364,12 +379,12 @@ class Logger:
         self.csv = csv.DictWriter(self.file, fieldnames=fields)
         self.csv.writeheader()
         self.csv.writerows(kept)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is optional
-            self.tb = None
-        else:
-            self.tb = SummaryWriter(str(run_dir))
+        self.tb = None
+        if tensorboard:
+            tensorboard_module = import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
+            # purge_step hides the events a stopped run logged after its checkpoint, as the CSV drops those rows
+            purge_step = None if resume_step is None else resume_step + 1
+            self.tb = tensorboard_module.SummaryWriter(str(run_dir), purge_step=purge_step)
 
     def log(self, row: dict[str, float]) -> None:
         self.csv.writerow(row)
@@ -379,6 +394,13 @@ class Logger:
                 if key != "step" and not math.isnan(value):
                     self.tb.add_scalar(key, value, int(row["step"]))
 
+    def log_episodes(self, steps: list[int], returns: list[float], lengths: list[int]) -> None:
+        """Each episode's return and length at the env step it ended, as CleanRL's charts/episodic_return."""
+        if self.tb is not None:
+            for step, episode_return, length in zip(steps, returns, lengths):
+                self.tb.add_scalar("charts/episodic_return", episode_return, step)
+                self.tb.add_scalar("charts/episodic_length", length, step)
+
     def close(self) -> None:
         self.file.close()
         if self.tb is not None:
@@ -386,8 +408,8 @@ class Logger:
 
 
 LOG_FIELDS = [
-    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/sps", "charts/learning_rate",
-    "charts/policy_lag", "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl",
+    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/SPS", "charts/learning_rate",
+    "charts/policy_lag", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
     "losses/clip_frac", "losses/explained_variance", "time/wait_s", "time/update_s",
 ]  # fmt: skip
 
@@ -401,6 +423,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if cfg.track_tensorboard:  # fail now if tensorboard is missing, not once the envs and the agent are built
+        import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
     run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -440,7 +464,10 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         recent.extend(resume["recent_returns"])
         if resume["obs_rms"] is not None and cfg.backend == "thread":
             set_obs_rms(find_wrapper(envs, gym.wrappers.vector.NormalizeObservation), resume["obs_rms"])
-    logger = Logger(run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps)
+    logger = Logger(
+        run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps,
+        tensorboard=cfg.track_tensorboard,
+    )  # fmt: skip
     progress = tqdm(
         total=num_iterations * batch_steps, initial=done_iterations * batch_steps, unit="step",
         mininterval=1 if sys.stderr.isatty() else 30,
@@ -487,11 +514,14 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 global_step = iteration * batch_steps
                 if cfg.normalize_reward:
                     finished = batch["info", "_episode"]  # [T, N]: RecordEpisodeStatistics' episode ends
-                    returns = batch["info", "episode", "r"][finished]
+                    returns, lengths = batch["info", "episode", "r"][finished], batch["info", "episode", "l"][finished]
                 else:
                     finished = batch["done"] & batch["mask"]
-                    returns = batch["episode_return"][finished]
+                    returns, lengths = batch["episode_return"][finished], batch["episode_length"][finished]
                 recent.extend(returns.tolist())
+                # [E]: the env step at which each episode ended; row t of the batch holds steps t*N+1 .. (t+1)*N
+                ends = global_step - batch_steps + (finished.nonzero()[:, 0] + 1) * cfg.num_envs
+                logger.log_episodes(ends.tolist(), returns.tolist(), lengths.tolist())
                 episodes += int(finished.sum())
                 if recent:
                     mean_return = float(np.mean(recent))
@@ -517,7 +547,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 logger.log({
                     "step": global_step, "wall_time": wall_offset + time.perf_counter() - start,
                     "charts/mean_return": mean_return,
-                    "charts/episodes": episodes, "charts/sps": sps, "charts/learning_rate": lr,
+                    "charts/episodes": episodes, "charts/SPS": sps, "charts/learning_rate": lr,
                     # rows collected by weights older than the ones just trained (1 with prefetch=1)
                     "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
                     "losses/explained_variance": explained_var, "time/wait_s": wait_s, "time/update_s": update_s,
@@ -604,7 +634,7 @@ def update(
         if cfg.target_kl is not None and approx_kl > cfg.target_kl:
             break
     return {
-        "losses/policy": policy_loss.item(), "losses/value": value_loss.item(),
+        "losses/policy_loss": policy_loss.item(), "losses/value_loss": value_loss.item(),
         "losses/entropy": entropy_loss.item(), "losses/approx_kl": approx_kl.item(),
         "losses/clip_frac": clip_frac.item() / updates,
     }  # fmt: skip

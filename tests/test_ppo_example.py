@@ -164,6 +164,7 @@ def test_smoke_cartpole_train_then_eval(tmp_path):
     for key in ("charts/mean_return", "charts/policy_lag", "losses/approx_kl", "losses/explained_variance"):
         assert key in rows[0]
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard only with track_tensorboard=true
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["config"]["env_id"] == "CartPole-v1" and checkpoint["obs_rms"] is None
 
@@ -187,6 +188,50 @@ def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
         torch.set_num_threads(threads)
     assert -2000 < mean < 0 and std >= 0  # Pendulum's returns are negative
     assert EVAL_LINE.search(capsys.readouterr().out)
+
+
+TENSORBOARD_TAGS = [
+    "charts/episodic_return", "charts/SPS", "charts/learning_rate",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl",
+]  # fmt: skip
+
+
+def test_track_tensorboard_writes_grouped_scalars_into_the_run_folder(ppo, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    threads = torch.get_num_threads()
+    try:
+        # 4 iterations of 2 envs x 32 steps
+        args = ["total_timesteps=256", "num_envs=2", "num_steps=32", "backend=thread", "track_tensorboard=true"]
+        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
+    finally:
+        torch.set_num_threads(threads)
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert set(TENSORBOARD_TAGS) <= set(accumulator.Tags()["scalars"])
+    for tag in TENSORBOARD_TAGS[1:]:
+        assert [event.step for event in accumulator.Scalars(tag)] == [64, 128, 192, 256], tag
+    # one point per episode, at the env step where it ended
+    episodes = accumulator.Scalars("charts/episodic_return")
+    assert len(episodes) == torch.load(tmp_path / "checkpoint.pt", weights_only=True)["episodes"] > 0
+    assert all(0 < event.step <= 256 and event.value >= 8 for event in episodes)  # CartPole lasts >= 8 steps
+
+
+def test_track_tensorboard_without_tensorboard_fails_at_start_naming_the_fix(ppo, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard raises ImportError
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(["track_tensorboard=true", f"run_dir={tmp_path / 'run'}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    message = "track_tensorboard=true needs tensorboard, which is not installed: pip install 'torch_rollout[examples]'"
+    assert f"{message} (or pip install tensorboard)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing built, nothing written
 
 
 def read_steps(run_dir: Path) -> list[int]:
