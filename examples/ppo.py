@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import itertools
 import math
 import os
 import re
@@ -32,6 +33,7 @@ import textwrap
 import time
 import types
 import typing
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +112,7 @@ class Config:
     checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
     track_tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder
+    capture_video: bool = False  # record the first --eval episode, and one after training, into <run folder>/videos
 
 
 class ConfigError(ValueError):
@@ -187,13 +190,27 @@ def load_config(
     return Config(**values)
 
 
+def import_optional(module: str, key: str, package: str) -> types.ModuleType:
+    """Imports what the config key `key` needs, or fails before the run starts, naming the key and the fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{key}=true needs {package}, which is not installed: pip install 'torch_rollout[examples]' "
+            f"(or pip install {package}), or leave {key} off"
+        ) from None
+
+
 # ---------------------------------------------------------------------------- environments
 
 
-def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vector.VectorEnv:
+def make_envs(
+    cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None
+) -> gym.vector.VectorEnv:
     """Builds the vector env with the wrappers the config asks for.
 
-    With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping.
+    With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping. With
+    `video`, the first episode of sub-env 0 is recorded to `<video>-episode-0.mp4`.
     """
     wrappers = []
     if cfg.mask_velocity:
@@ -203,7 +220,15 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
         wrappers.append(functools.partial(
             gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
         ))  # fmt: skip
-    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
+    if video is not None:
+        # one sub-env records, one episode: RecordVideo holds every frame in memory until the episode ends
+        # (0.7 MB a CartPole frame, 500 of them in a good episode), and --eval counts first episodes only
+        sub_env = itertools.count()
+        wrappers.append(lambda env: record_first_episode(env, video) if next(sub_env) == 0 else env)
+    envs = gym.make_vec(
+        cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+        render_mode=None if video is None else "rgb_array",
+    )  # fmt: skip
     if cfg.normalize_reward and training:
         # NormalizeReward rescales what the collector sees, so its episode_return is no longer
         # the env's return: record the raw returns beneath the scaling (the "episode" info)
@@ -233,6 +258,31 @@ def drop_velocities(obs: np.ndarray) -> np.ndarray:
     difference of two steps (the velocity) makes smaller still.
     """
     return (obs[[0, 2]] / CARTPOLE_BOUNDS).astype(np.float32)
+
+
+def record_first_episode(env: gym.Env, video: Path) -> gym.Env:
+    """gymnasium's RecordVideo, writing the env's first episode to `<video>-episode-0.mp4`."""
+    with warnings.catch_warnings():
+        # it warns whenever the folder exists; our file names say which checkpoint they show
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        return gym.wrappers.RecordVideo(
+            env, str(video.parent), episode_trigger=lambda episode: episode == 0, name_prefix=video.name
+        )
+
+
+def check_can_record(cfg: Config) -> None:
+    """Fails now, naming the fix, if capture_video could not record: moviepy missing, or the env cannot render."""
+    import_optional("moviepy", "capture_video", "moviepy")
+    # frames for a file need no display; without one, pygame's SDL would print "error: XDG_RUNTIME_DIR is invalid"
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = gym.make(cfg.env_id, render_mode="rgb_array")
+    try:
+        env.reset(seed=cfg.seed)
+        env.render()
+    except (gym.error.DependencyNotInstalled, ImportError) as error:
+        raise ConfigError(f"capture_video=true: {cfg.env_id} cannot render the frames to record: {error}") from None
+    finally:
+        env.close()
 
 
 def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
@@ -352,17 +402,6 @@ def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: C
 # ---------------------------------------------------------------------------- training
 
 
-def import_optional(module: str, key: str, package: str) -> types.ModuleType:
-    """Imports what the config key `key` needs, or fails before the run starts, naming the key and the fix."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(
-            f"{key}=true needs {package}, which is not installed: pip install 'torch_rollout[examples]' "
-            f"(or pip install {package}), or leave {key} off"
-        ) from None
-
-
 class Logger:
     """One CSV row per iteration; with `tensorboard`, the same scalars and every episode's return as events."""
 
@@ -423,8 +462,11 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if cfg.track_tensorboard:  # fail now if tensorboard is missing, not once the envs and the agent are built
+    # optional integrations fail now if a package they need is missing, not once the envs and the agent are built
+    if cfg.track_tensorboard:
         import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
+    if cfg.capture_video:
+        check_can_record(cfg)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -576,6 +618,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         run_dir / "progress.csv", run_dir / "learning_curve.png",
         title=f"PPO on {cfg.env_id}, seed {cfg.seed}", window=cfg.return_window,
     )  # fmt: skip
+    if cfg.capture_video:  # what the final weights do, to watch
+        evaluate(checkpoint_path, ["eval_episodes=1"])
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
     print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
     return mean_return
@@ -676,11 +720,21 @@ def set_obs_rms(obs_norm: Any, saved: dict[str, Any]) -> None:
 
 
 def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[float, float]:
-    """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std."""
+    """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std.
+
+    With capture_video, the first episode is recorded to videos/eval-step<step>-episode-0.mp4 beside the
+    checkpoint, where <step> is the checkpoint's env step; evaluating it again replaces that file.
+    """
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = load_config(None, overrides, base=state["config"])
     torch.set_num_threads(cfg.torch_threads)
-    envs = make_envs(cfg, cfg.eval_episodes, training=False)
+    video = None
+    if cfg.capture_video:
+        check_can_record(cfg)
+        trained = state["config"]  # the batch size of training, whatever this evaluation overrides
+        step = state["iteration"] * trained["num_envs"] * trained["num_steps"]
+        video = Path(checkpoint).parent / "videos" / f"eval-step{step}"
+    envs = make_envs(cfg, cfg.eval_episodes, training=False, video=video)
     if state["obs_rms"] is not None:
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
         set_obs_rms(obs_norm, state["obs_rms"])
@@ -702,9 +756,12 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
         obs, reward, terminated, truncated, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)
         finished |= terminated | truncated
-    envs.close()
+    envs.close()  # RecordVideo writes the file here at the latest
     mean, std = float(returns.mean()), float(returns.std())
-    print(f"eval over {cfg.eval_episodes} episodes: mean return {mean:.1f} +- {std:.1f}")
+    episodes = "1 episode" if cfg.eval_episodes == 1 else f"{cfg.eval_episodes} episodes"
+    print(f"eval over {episodes}: mean return {mean:.1f} +- {std:.1f}")
+    if video is not None:
+        print(f"video of the first episode: {video}-episode-0.mp4")
     return mean, std
 
 

@@ -234,6 +234,56 @@ def test_track_tensorboard_without_tensorboard_fails_at_start_naming_the_fix(ppo
     assert not (tmp_path / "run").exists()  # nothing built, nothing written
 
 
+def test_capture_video_records_an_evaluation_episode_after_training_and_with_eval(ppo, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")  # CartPole renders with pygame: gymnasium[classic-control]
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")  # as the example sets it, but undone after the test
+    threads = torch.get_num_threads()
+    try:
+        # 1 iteration of 2 envs x 32 steps, then one recorded episode of the final weights
+        args = ["total_timesteps=64", "num_envs=2", "num_steps=32", "backend=thread", "capture_video=true"]
+        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
+        video = tmp_path / "videos" / "eval-step64-episode-0.mp4"
+        assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+        assert "eval over 1 episode: " in capsys.readouterr().out
+
+        video.unlink()  # --eval records anew into the folder that exists (no warning, an error in the tests)
+        ppo.main(["--eval", str(tmp_path / "checkpoint.pt"), "eval_episodes=2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [path.name for path in (tmp_path / "videos").iterdir()] == [video.name]  # sub-env 0 only
+    assert video.read_bytes()[4:8] == b"ftyp"
+    assert f"video of the first episode: {video}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("moviepy", "capture_video=true needs moviepy, which is not installed: pip install 'torch_rollout[examples]'"
+         " (or pip install moviepy)"),
+        ("pygame", "capture_video=true: CartPole-v1 cannot render the frames to record: pygame is not installed, run "
+         '`pip install "gymnasium[classic-control]"`'),
+    ],
+    ids=["moviepy", "pygame"],
+)  # fmt: skip
+def test_capture_video_without_a_dependency_fails_at_start_naming_the_fix(
+    ppo, tmp_path, monkeypatch, capsys, missing, message
+):
+    if missing != "moviepy":
+        pytest.importorskip("moviepy")  # checked first
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(["capture_video=true", f"run_dir={tmp_path / 'run'}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing built, nothing written
+
+
 def read_steps(run_dir: Path) -> list[int]:
     with open(run_dir / "progress.csv", newline="") as f:
         return [int(row["step"]) for row in csv.DictReader(f)]
