@@ -3,15 +3,20 @@
 Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
 The collector steps the envs and runs the policy in worker processes (or a background
 thread), so the next batch is being collected while this script updates the agent on the
-current one.
+current one. Each run writes progress.csv, learning_curve.png, checkpoint.pt and config.yaml
+into its run folder; with track_tensorboard=true TensorBoard events too, and with
+capture_video=true videos/*.mp4 (both need `pip install 'torch_rollout[examples]'`).
 
 Usage::
 
+    python examples/ppo.py --help                            # every config key, its default and meaning
     python examples/ppo.py                                   # CartPole-v1, configs/ppo_cartpole.yaml
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
     python examples/ppo.py --config configs/ppo_cartpole_novel_lstm.yaml   # an LSTM on CartPole without velocities
+    python examples/ppo.py track_tensorboard=true            # then: tensorboard --logdir runs
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
+    python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt capture_video=true   # into .../videos
     python examples/ppo.py --resume runs/ppo_CartPole-v1_seed1/checkpoint.pt   # carry on a stopped run
 """
 
