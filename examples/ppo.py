@@ -786,8 +786,7 @@ def config_help() -> str:
     """Every Config key, its default and the comment beside it, grouped by Config's headings, for `--help`."""
     defaults = {field.name: field.default for field in dataclasses.fields(Config)}
     shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    width = shutil.get_terminal_size().columns - 2  # as argparse wraps its own help
-    width = max(width, 60)
+    width = max(shutil.get_terminal_size().columns - 2, 60)  # as argparse wraps its own help
     lines = textwrap.wrap(
         "config keys, given as KEY=VALUE after the options, with the defaults of the Config dataclass. Without "
         f"--config, configs/{DEFAULT_CONFIG.name} applies first: its values follow the descriptions in [brackets].",
