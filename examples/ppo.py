@@ -3,15 +3,20 @@
 Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
 The collector steps the envs and runs the policy in worker processes (or a background
 thread), so the next batch is being collected while this script updates the agent on the
-current one.
+current one. Each run writes progress.csv, learning_curve.png, checkpoint.pt and config.yaml
+into its run folder; with track_tensorboard=true TensorBoard events too, and with
+capture_video=true videos/*.mp4 (both need `pip install 'torch_rollout[examples]'`).
 
 Usage::
 
+    python examples/ppo.py --help                            # every config key, its default and meaning
     python examples/ppo.py                                   # CartPole-v1, configs/ppo_cartpole.yaml
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
     python examples/ppo.py --config configs/ppo_cartpole_novel_lstm.yaml   # an LSTM on CartPole without velocities
+    python examples/ppo.py track_tensorboard=true            # then: tensorboard --logdir runs
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
+    python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt capture_video=true   # into .../videos
     python examples/ppo.py --resume runs/ppo_CartPole-v1_seed1/checkpoint.pt   # carry on a stopped run
 """
 
@@ -21,12 +26,19 @@ import argparse
 import csv
 import dataclasses
 import functools
+import importlib
+import inspect
+import itertools
 import math
 import os
+import re
+import shutil
 import sys
+import textwrap
 import time
 import types
 import typing
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,14 +63,19 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartp
 
 @dataclasses.dataclass
 class Config:
-    """PPO hyperparameters; the defaults are CleanRL's ppo.py, the YAML files tune them per env."""
+    """PPO hyperparameters; the defaults are CleanRL's ppo.py, the YAML files tune them per env.
 
+    The comment beside each field is its description in `--help`, the headings its groups there.
+    """
+
+    # the run
     exp_name: str = "ppo"  # first part of the run folder's name
     run_dir: str | None = None  # output folder; None: runs/<exp_name>_<env_id>_seed<seed>
     seed: int = 1  # seeds the agent's init, the env resets, action sampling and minibatch order
     device: str | None = None  # where the agent and the batches live; None: cuda if available
     torch_threads: int = 1  # intra-op threads for torch; set_num_threads is process-wide
 
+    # environments
     env_id: str = "CartPole-v1"  # any gymnasium id with a flat Box observation space
     num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
     normalize_obs: bool = False  # NormalizeObservation; its statistics go into the checkpoint
@@ -68,6 +85,7 @@ class Config:
     clip_action: bool = False  # ClipAction on Box action spaces
     mask_velocity: bool = False  # CartPole only: drop the cart and pole velocities, so that acting needs memory
 
+    # collection and PPO
     total_timesteps: int = 500_000  # env transitions to collect (all envs together)
     num_steps: int = 128  # steps per env per batch (T); a batch holds T * N transitions
     backend: str = "auto"  # where collection runs: "process", "thread", "ray", or "auto" (processes for a CPU agent)
@@ -88,14 +106,18 @@ class Config:
     max_grad_norm: float = 0.5  # global gradient-norm clip
     target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
 
+    # the agent
     hidden_size: int = 64  # width of the two tanh layers of actor and critic
     lstm_size: int = 0  # > 0: an LSTM of this width beneath actor and critic (a recurrent policy); 0: MLP only
     bptt_steps: int = 8  # with an LSTM: minibatches of sequences of this many steps, replayed from the stored state
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
+    # logging, checkpoints and evaluation
     return_window: int = 20  # episodes in the reported mean return
     checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
+    track_tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder
+    capture_video: bool = False  # record the first --eval episode, and one after training, into <run folder>/videos
 
 
 class ConfigError(ValueError):
@@ -173,6 +195,17 @@ def load_config(
     return Config(**values)
 
 
+def import_optional(module: str, key: str, package: str) -> types.ModuleType:
+    """Imports what the config key `key` needs, or fails before the run starts, naming the key and the fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{key}=true needs {package}, which is not installed: pip install 'torch_rollout[examples]' "
+            f"(or pip install {package}), or leave {key} off"
+        ) from None
+
+
 # ---------------------------------------------------------------------------- environments
 
 
@@ -187,10 +220,13 @@ def placement(cfg: Config) -> str | Processes | Ray:
     return cfg.backend
 
 
-def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vector.VectorEnv:
+def make_envs(
+    cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None
+) -> gym.vector.VectorEnv:
     """Builds the vector env with the wrappers the config asks for.
 
-    With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping.
+    With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping. With
+    `video`, the first episode of sub-env 0 is recorded to `<video>-episode-0.mp4`.
     """
     wrappers = []
     if cfg.mask_velocity:
@@ -200,7 +236,15 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True) -> gym.vecto
         wrappers.append(functools.partial(
             gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
         ))  # fmt: skip
-    envs = gym.make_vec(cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
+    if video is not None:
+        # one sub-env records, one episode: RecordVideo holds every frame in memory until the episode ends
+        # (0.7 MB a CartPole frame, 500 of them in a good episode), and --eval counts first episodes only
+        sub_env = itertools.count()
+        wrappers.append(lambda env: record_first_episode(env, video) if next(sub_env) == 0 else env)
+    envs = gym.make_vec(
+        cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+        render_mode=None if video is None else "rgb_array",
+    )  # fmt: skip
     if cfg.normalize_reward and training:
         # NormalizeReward rescales what the collector sees, so its episode_return is no longer
         # the env's return: record the raw returns beneath the scaling (the "episode" info)
@@ -230,6 +274,31 @@ def drop_velocities(obs: np.ndarray) -> np.ndarray:
     difference of two steps (the velocity) makes smaller still.
     """
     return (obs[[0, 2]] / CARTPOLE_BOUNDS).astype(np.float32)
+
+
+def record_first_episode(env: gym.Env, video: Path) -> gym.Env:
+    """gymnasium's RecordVideo, writing the env's first episode to `<video>-episode-0.mp4`."""
+    with warnings.catch_warnings():
+        # it warns whenever the folder exists; our file names say which checkpoint they show
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        return gym.wrappers.RecordVideo(
+            env, str(video.parent), episode_trigger=lambda episode: episode == 0, name_prefix=video.name
+        )
+
+
+def check_can_record(cfg: Config) -> None:
+    """Fails now, naming the fix, if capture_video could not record: moviepy missing, or the env cannot render."""
+    import_optional("moviepy", "capture_video", "moviepy")
+    # frames for a file need no display; without one, pygame's SDL would print "error: XDG_RUNTIME_DIR is invalid"
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = gym.make(cfg.env_id, render_mode="rgb_array")
+    try:
+        env.reset(seed=cfg.seed)
+        env.render()
+    except (gym.error.DependencyNotInstalled, ImportError) as error:
+        raise ConfigError(f"capture_video=true: {cfg.env_id} cannot render the frames to record: {error}") from None
+    finally:
+        env.close()
 
 
 def find_wrapper(envs: gym.vector.VectorEnv, cls: type) -> Any | None:
@@ -350,9 +419,11 @@ def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: C
 
 
 class Logger:
-    """One CSV row per iteration, mirrored to TensorBoard when it is installed."""
+    """One CSV row per iteration; with `tensorboard`, the same scalars and every episode's return as events."""
 
-    def __init__(self, run_dir: Path, fields: list[str], *, resume_step: int | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, fields: list[str], *, resume_step: int | None = None, tensorboard: bool = False
+    ) -> None:
         path = run_dir / "progress.csv"
         kept = []
         if resume_step is not None and path.exists():
@@ -363,12 +434,12 @@ class Logger:
         self.csv = csv.DictWriter(self.file, fieldnames=fields)
         self.csv.writeheader()
         self.csv.writerows(kept)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is optional
-            self.tb = None
-        else:
-            self.tb = SummaryWriter(str(run_dir))
+        self.tb = None
+        if tensorboard:
+            tensorboard_module = import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
+            # purge_step hides the events a stopped run logged after its checkpoint, as the CSV drops those rows
+            purge_step = None if resume_step is None else resume_step + 1
+            self.tb = tensorboard_module.SummaryWriter(str(run_dir), purge_step=purge_step)
 
     def log(self, row: dict[str, float]) -> None:
         self.csv.writerow(row)
@@ -378,6 +449,13 @@ class Logger:
                 if key != "step" and not math.isnan(value):
                     self.tb.add_scalar(key, value, int(row["step"]))
 
+    def log_episodes(self, steps: list[int], returns: list[float], lengths: list[int]) -> None:
+        """Each episode's return and length at the env step it ended, as CleanRL's charts/episodic_return."""
+        if self.tb is not None:
+            for step, episode_return, length in zip(steps, returns, lengths):
+                self.tb.add_scalar("charts/episodic_return", episode_return, step)
+                self.tb.add_scalar("charts/episodic_length", length, step)
+
     def close(self) -> None:
         self.file.close()
         if self.tb is not None:
@@ -385,8 +463,8 @@ class Logger:
 
 
 LOG_FIELDS = [
-    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/sps", "charts/learning_rate",
-    "charts/policy_lag", "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl",
+    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/SPS", "charts/learning_rate",
+    "charts/policy_lag", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
     "losses/clip_frac", "losses/explained_variance", "time/wait_s", "time/update_s",
 ]  # fmt: skip
 
@@ -400,6 +478,11 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # optional integrations fail now if a package they need is missing, not once the envs and the agent are built
+    if cfg.track_tensorboard:
+        import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
+    if cfg.capture_video:
+        check_can_record(cfg)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
@@ -439,7 +522,10 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         recent.extend(resume["recent_returns"])
         if resume["obs_rms"] is not None and cfg.backend == "thread":
             set_obs_rms(find_wrapper(envs, gym.wrappers.vector.NormalizeObservation), resume["obs_rms"])
-    logger = Logger(run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps)
+    logger = Logger(
+        run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps,
+        tensorboard=cfg.track_tensorboard,
+    )  # fmt: skip
     progress = tqdm(
         total=num_iterations * batch_steps, initial=done_iterations * batch_steps, unit="step",
         mininterval=1 if sys.stderr.isatty() else 30,
@@ -486,11 +572,14 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 global_step = iteration * batch_steps
                 if cfg.normalize_reward:
                     finished = batch["info", "_episode"]  # [T, N]: RecordEpisodeStatistics' episode ends
-                    returns = batch["info", "episode", "r"][finished]
+                    returns, lengths = batch["info", "episode", "r"][finished], batch["info", "episode", "l"][finished]
                 else:
                     finished = batch["done"] & batch["mask"]
-                    returns = batch["episode_return"][finished]
+                    returns, lengths = batch["episode_return"][finished], batch["episode_length"][finished]
                 recent.extend(returns.tolist())
+                # [E]: the env step at which each episode ended; row t of the batch holds steps t*N+1 .. (t+1)*N
+                ends = global_step - batch_steps + (finished.nonzero()[:, 0] + 1) * cfg.num_envs
+                logger.log_episodes(ends.tolist(), returns.tolist(), lengths.tolist())
                 episodes += int(finished.sum())
                 if recent:
                     mean_return = float(np.mean(recent))
@@ -516,7 +605,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 logger.log({
                     "step": global_step, "wall_time": wall_offset + time.perf_counter() - start,
                     "charts/mean_return": mean_return,
-                    "charts/episodes": episodes, "charts/sps": sps, "charts/learning_rate": lr,
+                    "charts/episodes": episodes, "charts/SPS": sps, "charts/learning_rate": lr,
                     # rows collected by weights older than the ones just trained (1 with prefetch=1)
                     "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
                     "losses/explained_variance": explained_var, "time/wait_s": wait_s, "time/update_s": update_s,
@@ -545,6 +634,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         run_dir / "progress.csv", run_dir / "learning_curve.png",
         title=f"PPO on {cfg.env_id}, seed {cfg.seed}", window=cfg.return_window,
     )  # fmt: skip
+    if cfg.capture_video:  # what the final weights do, to watch
+        evaluate(checkpoint_path, ["eval_episodes=1"])
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
     print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
     return mean_return
@@ -603,7 +694,7 @@ def update(
         if cfg.target_kl is not None and approx_kl > cfg.target_kl:
             break
     return {
-        "losses/policy": policy_loss.item(), "losses/value": value_loss.item(),
+        "losses/policy_loss": policy_loss.item(), "losses/value_loss": value_loss.item(),
         "losses/entropy": entropy_loss.item(), "losses/approx_kl": approx_kl.item(),
         "losses/clip_frac": clip_frac.item() / updates,
     }  # fmt: skip
@@ -645,11 +736,21 @@ def set_obs_rms(obs_norm: Any, saved: dict[str, Any]) -> None:
 
 
 def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[float, float]:
-    """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std."""
+    """Runs `eval_episodes` deterministic episodes of a checkpoint; returns mean and std.
+
+    With capture_video, the first episode is recorded to videos/eval-step<step>-episode-0.mp4 beside the
+    checkpoint, where <step> is the checkpoint's env step; evaluating it again replaces that file.
+    """
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = load_config(None, overrides, base=state["config"])
     torch.set_num_threads(cfg.torch_threads)
-    envs = make_envs(cfg, cfg.eval_episodes, training=False)
+    video = None
+    if cfg.capture_video:
+        check_can_record(cfg)
+        trained = state["config"]  # the batch size of training, whatever this evaluation overrides
+        step = state["iteration"] * trained["num_envs"] * trained["num_steps"]
+        video = Path(checkpoint).parent / "videos" / f"eval-step{step}"
+    envs = make_envs(cfg, cfg.eval_episodes, training=False, video=video)
     if state["obs_rms"] is not None:
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
         set_obs_rms(obs_norm, state["obs_rms"])
@@ -671,17 +772,58 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
         obs, reward, terminated, truncated, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)
         finished |= terminated | truncated
-    envs.close()
+    envs.close()  # RecordVideo writes the file here at the latest
     mean, std = float(returns.mean()), float(returns.std())
-    print(f"eval over {cfg.eval_episodes} episodes: mean return {mean:.1f} +- {std:.1f}")
+    episodes = "1 episode" if cfg.eval_episodes == 1 else f"{cfg.eval_episodes} episodes"
+    print(f"eval over {episodes}: mean return {mean:.1f} +- {std:.1f}")
+    if video is not None:
+        print(f"video of the first episode: {video}-episode-0.mp4")
     return mean, std
 
 
 # ---------------------------------------------------------------------------- command line
 
 
+def yaml_scalar(value: Any) -> str:
+    """A config value as it is typed in a KEY=VALUE override or a YAML file."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_help() -> str:
+    """Every Config key, its default and the comment beside it, grouped by Config's headings, for `--help`."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
+    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    width = max(shutil.get_terminal_size().columns - 2, 60)  # as argparse wraps its own help
+    lines = textwrap.wrap(
+        "config keys, given as KEY=VALUE after the options, with the defaults of the Config dataclass. Without "
+        f"--config, configs/{DEFAULT_CONFIG.name} applies first: its values follow the descriptions in [brackets].",
+        width,
+    )
+    # the source is the one place the descriptions are written: the comments beside the fields
+    for line in inspect.getsource(Config).splitlines():
+        if heading := re.fullmatch(r"    # (.+)", line):
+            lines += ["", f"{heading[1]}:"]
+        elif field := re.fullmatch(r"    (\w+): [^#]+?  # (.+)", line):
+            name, text = field[1], field[2]
+            if name in shipped and shipped[name] != defaults[name]:
+                text += f" [{DEFAULT_CONFIG.name}: {yaml_scalar(shipped[name])}]"
+            key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
+            lines += textwrap.wrap(
+                text, width, initial_indent=key, subsequent_indent=" " * 30,
+                break_long_words=False, break_on_hyphens=False,
+            )  # fmt: skip
+    usage = textwrap.dedent(__doc__.partition("Usage::")[2]).strip("\n")
+    return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
     parser.add_argument("--eval", metavar="CHECKPOINT", default=None, help="evaluate a checkpoint instead")
     parser.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import os
 import re
@@ -117,6 +118,26 @@ def test_command_line_reports_config_errors(ppo, capsys):
     assert "unknown config key 'bogus'" in capsys.readouterr().err
 
 
+def test_help_lists_every_config_key_with_its_default_and_description(ppo):
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # descriptions are wrapped to the terminal's width
+    source = SCRIPT.read_text()
+    for field in dataclasses.fields(ppo.Config):
+        default = field.default
+        shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        (description,) = re.findall(rf"^    {field.name}: [^#\n]+  # (.+)$", source, re.MULTILINE)
+        assert f" {field.name}={shown} {description}" in text, field.name
+    assert "total_timesteps=500000 env transitions to collect (all envs together) [ppo_cartpole.yaml: 200000]" in text
+    for heading in ("the run:", "environments:", "collection and PPO:", "the agent:", "logging, checkpoints"):
+        assert heading in text
+    for option in ("--config CONFIG", "--eval CHECKPOINT", "--resume CHECKPOINT", "KEY=VALUE"):
+        assert option in text
+
+
 # ---------------------------------------------------------------------------- runs
 
 
@@ -143,6 +164,7 @@ def test_smoke_cartpole_train_then_eval(tmp_path):
     for key in ("charts/mean_return", "charts/policy_lag", "losses/approx_kl", "losses/explained_variance"):
         assert key in rows[0]
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard only with track_tensorboard=true
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["config"]["env_id"] == "CartPole-v1" and checkpoint["obs_rms"] is None
 
@@ -166,6 +188,100 @@ def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
         torch.set_num_threads(threads)
     assert -2000 < mean < 0 and std >= 0  # Pendulum's returns are negative
     assert EVAL_LINE.search(capsys.readouterr().out)
+
+
+TENSORBOARD_TAGS = [
+    "charts/episodic_return", "charts/SPS", "charts/learning_rate",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl",
+]  # fmt: skip
+
+
+def test_track_tensorboard_writes_grouped_scalars_into_the_run_folder(ppo, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    threads = torch.get_num_threads()
+    try:
+        # 4 iterations of 2 envs x 32 steps
+        args = ["total_timesteps=256", "num_envs=2", "num_steps=32", "backend=thread", "track_tensorboard=true"]
+        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
+    finally:
+        torch.set_num_threads(threads)
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert set(TENSORBOARD_TAGS) <= set(accumulator.Tags()["scalars"])
+    for tag in TENSORBOARD_TAGS[1:]:
+        assert [event.step for event in accumulator.Scalars(tag)] == [64, 128, 192, 256], tag
+    # one point per episode, at the env step where it ended
+    episodes = accumulator.Scalars("charts/episodic_return")
+    assert len(episodes) == torch.load(tmp_path / "checkpoint.pt", weights_only=True)["episodes"] > 0
+    assert all(0 < event.step <= 256 and event.value >= 8 for event in episodes)  # CartPole lasts >= 8 steps
+
+
+def test_track_tensorboard_without_tensorboard_fails_at_start_naming_the_fix(ppo, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard raises ImportError
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(["track_tensorboard=true", f"run_dir={tmp_path / 'run'}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    message = "track_tensorboard=true needs tensorboard, which is not installed: pip install 'torch_rollout[examples]'"
+    assert f"{message} (or pip install tensorboard)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing built, nothing written
+
+
+def test_capture_video_records_an_evaluation_episode_after_training_and_with_eval(ppo, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")  # CartPole renders with pygame: gymnasium[classic-control]
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")  # as the example sets it, but undone after the test
+    threads = torch.get_num_threads()
+    try:
+        # 1 iteration of 2 envs x 32 steps, then one recorded episode of the final weights
+        args = ["total_timesteps=64", "num_envs=2", "num_steps=32", "backend=thread", "capture_video=true"]
+        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
+        video = tmp_path / "videos" / "eval-step64-episode-0.mp4"
+        assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+        assert "eval over 1 episode: " in capsys.readouterr().out
+
+        video.unlink()  # --eval records anew into the folder that exists (no warning, an error in the tests)
+        ppo.main(["--eval", str(tmp_path / "checkpoint.pt"), "eval_episodes=2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [path.name for path in (tmp_path / "videos").iterdir()] == [video.name]  # sub-env 0 only
+    assert video.read_bytes()[4:8] == b"ftyp"
+    assert f"video of the first episode: {video}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("moviepy", "capture_video=true needs moviepy, which is not installed: pip install 'torch_rollout[examples]'"
+         " (or pip install moviepy)"),
+        ("pygame", "capture_video=true: CartPole-v1 cannot render the frames to record: pygame is not installed, run "
+         '`pip install "gymnasium[classic-control]"`'),
+    ],
+    ids=["moviepy", "pygame"],
+)  # fmt: skip
+def test_capture_video_without_a_dependency_fails_at_start_naming_the_fix(
+    ppo, tmp_path, monkeypatch, capsys, missing, message
+):
+    if missing != "moviepy":
+        pytest.importorskip("moviepy")  # checked first
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(["capture_video=true", f"run_dir={tmp_path / 'run'}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing built, nothing written
 
 
 def read_steps(run_dir: Path) -> list[int]:
