@@ -1,4 +1,4 @@
-"""Gymnasium's CartPole-v1 as vector envs of torch tensors, on the CPU or a GPU.
+"""Gymnasium's CartPole-v1 and Pendulum-v1 as vector envs of torch tensors, on the CPU or a GPU.
 
 They are ``gymnasium.vector.VectorEnv`` subclasses whose ``reset`` and
 ``step`` take and return torch tensors on their ``device``, with every
@@ -23,5 +23,6 @@ Examples:
 """
 
 from torch_rollout.envs._cartpole import CartPole
+from torch_rollout.envs._pendulum import Pendulum
 
-__all__ = ["CartPole"]
+__all__ = ["CartPole", "Pendulum"]
