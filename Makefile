@@ -1,4 +1,4 @@
-# `make run` trains the example PPO on CartPole-v1; `make test` runs the test-suite.
+# `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
 # Both create .venv and install everything on first use (and again when setup.cfg changes).
 
 PYTHON ?= python3
@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Pinned so that pip takes a known release; override e.g. TORCH_SPEC='torch>=2.4'.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test clean
+.PHONY: run test lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 run: $(VENV)/.installed
 	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
 
-test: $(VENV)/.installed
+test: lint
 	$(PY) -m pytest
+
+# ruff's formatter and linter, configured in pyproject.toml
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -180,16 +180,32 @@ class TorchRollout:
     """torch_rollout's Collector on ``envpool_envs(TASK, num_threads=..., **ENV_OPTIONS)``, thread or process."""
 
     def __init__(
-        self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, prefetch: int,
-        backend: str = "thread", num_workers: int = 1, compile_policy: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
+        state: dict,
+        *,
+        num_threads: int,
+        prefetch: int,
+        backend: str = "thread",
+        num_workers: int = 1,
+        compile_policy: bool = False,
+    ) -> None:
         from torch_rollout import Collector, envpool_envs
 
         self.collector = Collector(
-            envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS), _policy(state, seed), num_steps=num_steps,
-            num_envs=num_envs, gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed,
-            backend=placement(backend, num_workers), compile_policy=compile_policy,
-        )  # fmt: skip
+            envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
+            _policy(state, seed),
+            num_steps=num_steps,
+            num_envs=num_envs,
+            gae=advantages(GAMMA, GAE_LAMBDA),
+            device="cpu",
+            prefetch=prefetch,
+            seed=seed,
+            backend=placement(backend, num_workers),
+            compile_policy=compile_policy,
+        )
         self.batches = iter(self.collector)
 
     def step(self) -> int:
@@ -439,9 +455,16 @@ def derived_floors(rates: dict[str, list[float]]) -> dict[str, list[float]]:
 
 
 def run(
-    *, quick: bool = False, repeats: int | None = None, num_envs: int = 8, num_steps: int | None = None,
-    num_threads: int = 1, seed: int = 0, compiled: bool = False, log: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    num_envs: int = 8,
+    num_steps: int | None = None,
+    num_threads: int = 1,
+    seed: int = 0,
+    compiled: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Runs the Atari collection benchmark and returns its results (also written to results/atari.json).
 
     Args:
@@ -478,11 +501,20 @@ def run(
     results = {
         "machine": machine_info(),
         "config": {
-            "task": TASK, "env_options": ENV_OPTIONS, "num_threads": num_threads, "N": num_envs, "T": num_steps,
-            "repeats": repeats, "timed_batches": timed, "seed": seed, "quick": quick,
+            "task": TASK,
+            "env_options": ENV_OPTIONS,
+            "num_threads": num_threads,
+            "N": num_envs,
+            "T": num_steps,
+            "repeats": repeats,
+            "timed_batches": timed,
+            "seed": seed,
+            "quick": quick,
         },
-        "notes": notes, "samples": rates, "rows": rows,
-    }  # fmt: skip
+        "notes": notes,
+        "samples": rates,
+        "rows": rows,
+    }
     write_json("atari_quick" if quick else "atari", results)
     return results
 
@@ -492,11 +524,14 @@ def to_markdown(results: dict[str, Any]) -> str:
     config = results["config"]
     rows = [
         [
-            r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}", f"{r['ratio']:.2f}x",
+            r["system"],
+            fmt_rate(r["median"]),
+            f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}",
+            f"{r['ratio']:.2f}x",
             f"{r['vs_serial_floor']:.2f}x",
         ]
         for r in results["rows"]
-    ]  # fmt: skip
+    ]
     threads = "EnvPool's default" if config["num_threads"] == 0 else str(config["num_threads"])
     title = (
         f"Collection, Atari {config['task']} (EnvPool, num_threads={threads}), T={config['T']} x N={config['N']}, "
@@ -528,9 +563,14 @@ def main() -> None:
     parser.add_argument("--compiled", action="store_true", help="add compile_policy=True rows")
     args = parser.parse_args()
     results = run(
-        quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, num_steps=args.num_steps,
-        num_threads=args.num_threads, seed=args.seed, compiled=args.compiled,
-    )  # fmt: skip
+        quick=args.quick,
+        repeats=args.repeats,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_threads=args.num_threads,
+        seed=args.seed,
+        compiled=args.compiled,
+    )
     print(to_markdown(results))
 
 

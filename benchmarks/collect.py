@@ -91,10 +91,19 @@ class TorchRollout:
     """
 
     def __init__(
-        self, num_envs: int, num_steps: int, seed: int, state: dict, *, prefetch: int, env_id: str = ENV_ID,
-        autoreset_mode: gym.vector.AutoresetMode | None = None, env_id_only: bool = False, backend: str = "thread",
+        self,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
+        state: dict,
+        *,
+        prefetch: int,
+        env_id: str = ENV_ID,
+        autoreset_mode: gym.vector.AutoresetMode | None = None,
+        env_id_only: bool = False,
+        backend: str = "thread",
         num_workers: int = 1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         from torch_rollout import Collector
 
         self.envs = None
@@ -110,10 +119,16 @@ class TorchRollout:
                 env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs
             )
         self.collector = Collector(
-            envs, _policy(state, seed), num_steps=num_steps, num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed,
+            envs,
+            _policy(state, seed),
+            num_steps=num_steps,
+            num_envs=None if self.envs is not None else num_envs,
+            gae=advantages(GAMMA, GAE_LAMBDA),
+            device="cpu",
+            prefetch=prefetch,
+            seed=seed,
             backend=placement(backend, num_workers),
-        )  # fmt: skip
+        )
         self.batches = iter(self.collector)
 
     def step(self) -> int:
@@ -173,9 +188,16 @@ class StableBaselines3:
         self.num_envs, self.num_steps = num_envs, num_steps
         venv = make_vec_env(env_id, n_envs=num_envs, seed=seed)
         self.model = PPO(
-            "MlpPolicy", venv, n_steps=num_steps, batch_size=min(256, num_steps * num_envs), gamma=GAMMA,
-            gae_lambda=GAE_LAMBDA, device="cpu", seed=seed, policy_kwargs=sb3_policy_kwargs(),
-        )  # fmt: skip
+            "MlpPolicy",
+            venv,
+            n_steps=num_steps,
+            batch_size=min(256, num_steps * num_envs),
+            gamma=GAMMA,
+            gae_lambda=GAE_LAMBDA,
+            device="cpu",
+            seed=seed,
+            policy_kwargs=sb3_policy_kwargs(),
+        )
         load_sb3_weights(self.model.policy, state)
         torch.manual_seed(seed)
         _, self.callback = self.model._setup_learn(total_timesteps=2**62, callback=None)
@@ -198,9 +220,13 @@ def sb3_policy_kwargs() -> dict[str, Any]:
 def load_sb3_weights(sb3_policy: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copies ActorCritic weights into an SB3 ActorCriticPolicy built with ``sb3_policy_kwargs``."""
     names = {
-        "actor.0": "mlp_extractor.policy_net.0", "actor.2": "mlp_extractor.policy_net.2", "actor.4": "action_net",
-        "critic.0": "mlp_extractor.value_net.0", "critic.2": "mlp_extractor.value_net.2", "critic.4": "value_net",
-    }  # fmt: skip
+        "actor.0": "mlp_extractor.policy_net.0",
+        "actor.2": "mlp_extractor.policy_net.2",
+        "actor.4": "action_net",
+        "critic.0": "mlp_extractor.value_net.0",
+        "critic.2": "mlp_extractor.value_net.2",
+        "critic.4": "value_net",
+    }
     mapped = {}
     for key, tensor in state.items():
         module, param = key.rsplit(".", 1)
@@ -407,10 +433,16 @@ def systems(
 
 
 def run(
-    *, quick: bool = False, repeats: int | None = None, num_envs: list[int] | None = None, num_steps: int = 128,
-    seed: int = 0, only: list[str] | None = None, timed_batches: int | None = None,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    num_envs: list[int] | None = None,
+    num_steps: int = 128,
+    seed: int = 0,
+    only: list[str] | None = None,
+    timed_batches: int | None = None,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Runs the collection benchmark and returns its results (also written to results/collect.json).
 
     Args:
@@ -443,9 +475,12 @@ def run(
         log(f"collect: N={n} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
         rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
         results["tables"][str(n)] = {
-            "num_envs": n, "timed_batches": timed, "notes": notes, "samples": rates,
+            "num_envs": n,
+            "timed_batches": timed,
+            "notes": notes,
+            "samples": rates,
             "rows": summarize(rates, REFERENCE),
-        }  # fmt: skip
+        }
     results["config"]["quick"] = quick
     results["config"]["only"] = only
     write_json("collect_quick" if quick else "collect_only" if only else "collect", results)
@@ -499,9 +534,13 @@ def main() -> None:
     parser.add_argument("--timed-batches", type=int, default=None, help="timed batches per system per repeat")
     args = parser.parse_args()
     results = run(
-        quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed, only=args.only,
+        quick=args.quick,
+        repeats=args.repeats,
+        num_envs=args.num_envs,
+        seed=args.seed,
+        only=args.only,
         timed_batches=args.timed_batches,
-    )  # fmt: skip
+    )
     print(to_markdown(results))
 
 

@@ -35,10 +35,11 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from collect import ENV_ID, GAE_LAMBDA, GAMMA, PolicyFloor, _policy, sync_recipe
 
 from _common import (
-    advantages,
     Session,
+    advantages,
     fmt_rate,
     machine_info,
     make_policy,
@@ -48,7 +49,6 @@ from _common import (
     summarize,
     write_json,
 )
-from collect import ENV_ID, GAE_LAMBDA, GAMMA, PolicyFloor, _policy, sync_recipe
 
 __all__ = ["run"]
 
@@ -64,9 +64,17 @@ class Collecting:
     """A Collector on CartPole-v1 ``SyncVectorEnv``s, eager or compiled, on the thread or in worker processes."""
 
     def __init__(
-        self, num_envs: int, num_steps: int, seed: int, state: dict, *, compile_policy: bool, backend: str,
-        prefetch: int, autoreset_mode: gym.vector.AutoresetMode | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
+        state: dict,
+        *,
+        compile_policy: bool,
+        backend: str,
+        prefetch: int,
+        autoreset_mode: gym.vector.AutoresetMode | None = None,
+    ) -> None:
         from torch_rollout import Collector
 
         self.envs = None
@@ -77,10 +85,17 @@ class Collecting:
         else:
             envs = sync_recipe()
         self.collector = Collector(
-            envs, _policy(state, seed), num_steps=num_steps, num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA), device="cpu", prefetch=prefetch, seed=seed, backend=backend,
+            envs,
+            _policy(state, seed),
+            num_steps=num_steps,
+            num_envs=None if self.envs is not None else num_envs,
+            gae=advantages(GAMMA, GAE_LAMBDA),
+            device="cpu",
+            prefetch=prefetch,
+            seed=seed,
+            backend=backend,
             compile_policy=compile_policy,
-        )  # fmt: skip
+        )
         self.batches = iter(self.collector)
 
     def step(self) -> int:
@@ -118,9 +133,11 @@ def forward_cpu_us(num_envs: int, seed: int, state: dict, *, repeats: int, calls
     eager = _policy(state, seed).eval().requires_grad_(False)
     compiled = torch.compile(eager)
     functions = {
-        "forward, eager": eager, "forward, compiled": compiled,
-        "get_value, eager": eager.get_value, "get_value, compiled": torch.compile(eager.get_value),
-    }  # fmt: skip
+        "forward, eager": eager,
+        "forward, compiled": compiled,
+        "get_value, eager": eager.get_value,
+        "get_value, compiled": torch.compile(eager.get_value),
+    }
     obs = torch.randn(num_envs, 4)
     samples: dict[str, list[float]] = {name: [] for name in functions}
     with torch.no_grad():
@@ -155,9 +172,15 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
     torch._dynamo.reset()
     counters.clear()
     session = Collecting(
-        num_envs, num_steps, seed, state, compile_policy=True, backend="thread", prefetch=0,
+        num_envs,
+        num_steps,
+        seed,
+        state,
+        compile_policy=True,
+        backend="thread",
+        prefetch=0,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )  # fmt: skip
+    )
     try:
         transitions = sum(session.step() for _ in range(batches))
     finally:
@@ -166,9 +189,15 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
 
 
 def run(
-    *, quick: bool = False, repeats: int | None = None, num_envs: list[int] | None = None, num_steps: int = 128,
-    seed: int = 0, check_batches: int = 20, log: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    num_envs: list[int] | None = None,
+    num_steps: int = 128,
+    seed: int = 0,
+    check_batches: int = 20,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Runs the comparison and returns its results (also written to results/compiled.json)."""
     quiet_warnings()
     torch.set_num_threads(1)
@@ -191,9 +220,14 @@ def run(
         graphs = graphs_compiled(n, num_steps, seed, state, batches=2 if quick else check_batches)
         log(f"  graphs compiled, SAME_STEP: {graphs}")
         results["tables"][str(n)] = {
-            "num_envs": n, "timed_batches": timed, "samples": rates, "rows": summarize(rates, EAGER_THREAD),
-            "first_batch_s": first, "graphs": graphs, "cpu_us_per_call": cpu,
-        }  # fmt: skip
+            "num_envs": n,
+            "timed_batches": timed,
+            "samples": rates,
+            "rows": summarize(rates, EAGER_THREAD),
+            "first_batch_s": first,
+            "graphs": graphs,
+            "cpu_us_per_call": cpu,
+        }
     results["machine"]["load_average_1m_end"] = machine_info().get("load_average_1m")
     write_json("compiled_quick" if quick else "compiled", results)
     return results

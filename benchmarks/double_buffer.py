@@ -33,9 +33,9 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from overhead import NUM_STEPS, Collecting, EnvAlone, HandLoop, PolicyAlone, _policy
 
 from _common import fmt_rate, quiet_warnings, run_interleaved
-from overhead import NUM_STEPS, Collecting, EnvAlone, HandLoop, PolicyAlone, _policy
 
 CASES = (("HalfCheetah-v5", 16), ("CartPole-v1", 8))
 
@@ -105,9 +105,11 @@ def main() -> None:
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     results = {case: run_case(*case, args.repeats, args.batches) for case in cases}
-    print(f"\nT={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved repeats of {args.batches} "
-          f"batches, {os.cpu_count()} cores; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
-          "end\n")  # fmt: skip
+    print(
+        f"\nT={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved repeats of {args.batches} "
+        f"batches, {os.cpu_count()} cores; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+        "end\n"
+    )
     print("| case | system | frames/s (median) | min - max | x serial floor | x SyncVectorEnv hand loop |")
     print("|:---|:---|---:|---:|---:|---:|")
     for (env_id, num_envs), result in results.items():
@@ -116,12 +118,16 @@ def main() -> None:
         for name, values in result["rates"].items():
             median = medians[name]
             spread = f"{fmt_rate(min(values))} - {fmt_rate(max(values))}"
-            print(f"| {env_id} N={num_envs} | {name} | {fmt_rate(median)} | {spread} | {median / serial:.2f}x "
-                  f"| {median / hand:.2f}x |")  # fmt: skip
+            print(
+                f"| {env_id} N={num_envs} | {name} | {fmt_rate(median)} | {spread} | {median / serial:.2f}x "
+                f"| {median / hand:.2f}x |"
+            )
         print(f"| {env_id} N={num_envs} | serial floor (env + policy) | {fmt_rate(serial)} | | 1.00x | |")
         ceiling = result["ceiling"]
-        print(f"| {env_id} N={num_envs} | ceiling: the slower alone (perfect overlap) | {fmt_rate(ceiling)} | "
-              f"| {ceiling / serial:.2f}x | |")  # fmt: skip
+        print(
+            f"| {env_id} N={num_envs} | ceiling: the slower alone (perfect overlap) | {fmt_rate(ceiling)} | "
+            f"| {ceiling / serial:.2f}x | |"
+        )
 
 
 if __name__ == "__main__":

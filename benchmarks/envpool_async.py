@@ -54,6 +54,7 @@ class GaussianActorCritic(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int) -> None:
         super().__init__()
         torch.manual_seed(0)
+
         def mlp(out: int) -> nn.Sequential:
             return nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, out))
 
@@ -225,9 +226,11 @@ def main() -> None:
     env, policy = medians["env alone (sync, num_threads=1)"], medians["policy forward alone"]
     serial = 1.0 / (1.0 / env + 1.0 / policy)
     ceiling = min(env, policy)
-    print(f"\nEnvPool {ENV_ID}, N={NUM_ENVS}, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, "
-          f"{args.repeats} interleaved repeats of {args.batches} batches; 1-min load {load:.2f} at the start, "
-          f"{os.getloadavg()[0]:.2f} at the end")  # fmt: skip
+    print(
+        f"\nEnvPool {ENV_ID}, N={NUM_ENVS}, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, "
+        f"{args.repeats} interleaved repeats of {args.batches} batches; 1-min load {load:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end"
+    )
     print(
         f"serial floor (env + policy, one after the other): {fmt_rate(serial)} frames/s; overlap ceiling "
         f"(the slower alone): {fmt_rate(ceiling)} frames/s = {ceiling / serial:.2f}x the floor\n"

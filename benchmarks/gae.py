@@ -139,9 +139,14 @@ def systems(
 
     def ours() -> tuple[torch.Tensor, torch.Tensor]:
         return compute_gae(
-            f32["reward"], f32["value"], f32["next_value"], f32["terminated"], f32["truncated"],
-            gamma=GAMMA, gae_lambda=GAE_LAMBDA,
-        )  # fmt: skip
+            f32["reward"],
+            f32["value"],
+            f32["next_value"],
+            f32["terminated"],
+            f32["truncated"],
+            gamma=GAMMA,
+            gae_lambda=GAE_LAMBDA,
+        )
 
     calls[REFERENCE] = ours
     outputs[REFERENCE] = lambda: ours()[0].double()
@@ -182,8 +187,14 @@ def systems(
 
         def torchrl_gae() -> tuple[torch.Tensor, torch.Tensor]:
             return vec_generalized_advantage_estimate(
-                GAMMA, GAE_LAMBDA, trl["value"], trl["next_value"], trl["reward"], trl_done, trl["terminated"],
-            )  # fmt: skip
+                GAMMA,
+                GAE_LAMBDA,
+                trl["value"],
+                trl["next_value"],
+                trl["reward"],
+                trl_done,
+                trl["terminated"],
+            )
 
         calls["TorchRL vec_generalized_advantage_estimate"] = torchrl_gae
         outputs["TorchRL vec_generalized_advantage_estimate"] = lambda: torchrl_gae()[0].squeeze(-1).T.double()

@@ -33,6 +33,7 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from gae import BYTES_PER_ELEMENT, GAE_LAMBDA, GAMMA, make_transitions
 
 from _common import (
     ActorCritic,
@@ -44,7 +45,6 @@ from _common import (
     run_interleaved,
     write_json,
 )
-from gae import BYTES_PER_ELEMENT, GAE_LAMBDA, GAMMA, make_transitions
 
 __all__ = ["run", "to_markdown"]
 
@@ -67,10 +67,16 @@ class Collecting:
         envs = recipe(NUM_ENVS) if backend == "thread" else recipe
         self.device = torch.device(device)
         self.collector = Collector(
-            envs, _policy(hidden).to(device), num_steps=NUM_STEPS, num_envs=None if backend == "thread" else NUM_ENVS,
-            gae=advantages(GAMMA, GAE_LAMBDA), device=device, prefetch=prefetch, seed=0,
+            envs,
+            _policy(hidden).to(device),
+            num_steps=NUM_STEPS,
+            num_envs=None if backend == "thread" else NUM_ENVS,
+            gae=advantages(GAMMA, GAE_LAMBDA),
+            device=device,
+            prefetch=prefetch,
+            seed=0,
             backend=placement(backend, num_workers),
-        )  # fmt: skip
+        )
         self.owned = envs if backend == "thread" else None
         self.batches = iter(self.collector)
 
@@ -135,10 +141,13 @@ def bench_gae(device: str, shape: tuple[int, int], *, calls: int) -> dict[str, A
     dst = torch.empty_like(src)
     copy_s = _time(lambda: dst.copy_(src), sync, calls=calls)
     return {
-        "shape": list(shape), "bytes": nbytes, "gae_s": gae_s, "copy_s": copy_s,
+        "shape": list(shape),
+        "bytes": nbytes,
+        "gae_s": gae_s,
+        "copy_s": copy_s,
         "copy_gb_s": 2 * nbytes / copy_s / 1e9,  # read + write
         "gae_over_copy": gae_s / copy_s,
-    }  # fmt: skip
+    }
 
 
 def bench_upload(device: str, *, calls: int, pin: bool) -> list[dict[str, Any]]:
@@ -161,9 +170,16 @@ def bench_upload(device: str, *, calls: int, pin: bool) -> list[dict[str, Any]]:
         staged_s = _time(staged, sync, calls=calls)
         nbytes = host.numel() * host.element_size()
         rows.append(
-            {"batch": label, "bytes": nbytes, "pageable_s": pageable_s, "pinned_s": pinned_s, "staged_s": staged_s,
-             "pinned_speedup": pageable_s / pinned_s, "staged_speedup": pageable_s / staged_s}
-        )  # fmt: skip
+            {
+                "batch": label,
+                "bytes": nbytes,
+                "pageable_s": pageable_s,
+                "pinned_s": pinned_s,
+                "staged_s": staged_s,
+                "pinned_speedup": pageable_s / pinned_s,
+                "staged_speedup": pageable_s / staged_s,
+            }
+        )
     return rows
 
 
@@ -191,8 +207,10 @@ def _us(seconds: float) -> str:
 def to_markdown(results: dict[str, Any]) -> str:
     machine = results["machine"]
     head = f"GPU: {machine.get('cuda') or 'none (dry run on the CPU: numbers mean nothing)'}; torch {machine['torch']}"
-    rows = [[r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}"]
-            for r in results["collect"]["rows"]]  # fmt: skip
+    rows = [
+        [r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}"]
+        for r in results["collect"]["rows"]
+    ]
     text = f"{head}\n\n**Collection with the policy on the device, CartPole-v1 T={NUM_STEPS} x N={NUM_ENVS}** "
     text += "(transitions/s, median)\n\n" + markdown_table(["policy, placement", "median", "range"], rows) + "\n"
     g = results["gae"]
@@ -204,8 +222,17 @@ def to_markdown(results: dict[str, Any]) -> str:
         )
         + "\n"
     )
-    rows = [[u["batch"], _us(u["pageable_s"]), _us(u["pinned_s"]), _us(u["staged_s"]),
-             f"{u['pinned_speedup']:.2f}x", f"{u['staged_speedup']:.2f}x"] for u in results["upload"]]  # fmt: skip
+    rows = [
+        [
+            u["batch"],
+            _us(u["pageable_s"]),
+            _us(u["pinned_s"]),
+            _us(u["staged_s"]),
+            f"{u['pinned_speedup']:.2f}x",
+            f"{u['staged_speedup']:.2f}x",
+        ]
+        for u in results["upload"]
+    ]
     header = ["observation batch", "pageable", "pinned", "copy to pinned + upload", "pinned gain", "staged gain"]
     text += "\n**Host-to-device upload of one observation batch** (median per upload)\n\n"
     text += markdown_table(header, rows) + "\n"

@@ -33,9 +33,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from envpool_async import GaussianActorCritic
 
 from _common import fmt_rate, make_policy, placement, quiet_warnings, run_interleaved
-from envpool_async import GaussianActorCritic
 
 CASES = (("CartPole-v1", 8), ("CartPole-v1", 64), ("HalfCheetah-v5", 16))
 NUM_STEPS = 128
@@ -119,7 +119,13 @@ class Collecting:
     AsyncVectorEnv groups."""
 
     def __init__(
-        self, env_id: str, num_envs: int, double_buffer: bool = False, *, backend: str = "thread", num_workers: int = 1,
+        self,
+        env_id: str,
+        num_envs: int,
+        double_buffer: bool = False,
+        *,
+        backend: str = "thread",
+        num_workers: int = 1,
         prefetch: int = 0,
     ) -> None:
         from torch_rollout import Collector, double_buffered, gym_envs
@@ -129,8 +135,14 @@ class Collecting:
         probe.close()
         envs = double_buffered(env_id) if double_buffer else gym_envs(env_id, vectorization_mode="sync")
         self.collector = Collector(
-            envs, policy, num_envs=num_envs, num_steps=NUM_STEPS, device="cpu", seed=0,
-            backend=placement(backend, num_workers), prefetch=prefetch,
+            envs,
+            policy,
+            num_envs=num_envs,
+            num_steps=NUM_STEPS,
+            device="cpu",
+            seed=0,
+            backend=placement(backend, num_workers),
+            prefetch=prefetch,
         )
         self.batches = iter(self.collector)
         self.frames = NUM_STEPS * num_envs
@@ -165,9 +177,11 @@ def main() -> None:
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     results = {case: run_case(*case, args.repeats, args.batches) for case in CASES}
-    print(f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved "
-          f"repeats of {args.batches} batches; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
-          "end\n")  # fmt: skip
+    print(
+        f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved "
+        f"repeats of {args.batches} batches; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+        "end\n"
+    )
     print("| case | system | frames/s (median) | min - max | x serial floor |")
     print("|:---|:---|---:|---:|---:|")
     for (env_id, num_envs), result in results.items():

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from collect import TorchRollout
 
 from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, write_json
-from collect import TorchRollout
 
 __all__ = ["run", "SYSTEMS", "PAIRS"]
 
@@ -78,9 +78,15 @@ def bootstrap_interval(ratios: list[float], *, resamples: int = 5000, seed: int 
 
 
 def run(
-    *, quick: bool = False, num_envs: list[int] | None = None, rounds: int | None = None,
-    timed_batches: int | None = None, num_steps: int = 128, seed: int = 0, log: Any = print,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    quick: bool = False,
+    num_envs: list[int] | None = None,
+    rounds: int | None = None,
+    timed_batches: int | None = None,
+    num_steps: int = 128,
+    seed: int = 0,
+    log: Any = print,
+) -> dict[str, Any]:
     """Runs the paired rounds per N; returns rates per system and round, and the ratio rows.
 
     Args:
@@ -122,10 +128,15 @@ def run(
         for a, b in PAIRS:
             ratios = [x / y for x, y in zip(rates[a], rates[b])]
             low, high = bootstrap_interval(ratios)
-            rows.append({
-                "pair": f"{a} / {b}", "median_ratio": statistics.median(ratios), "ci95": [low, high],
-                "rounds_above_1": sum(q > 1 for q in ratios), "rounds": len(ratios),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "pair": f"{a} / {b}",
+                    "median_ratio": statistics.median(ratios),
+                    "ci95": [low, high],
+                    "rounds_above_1": sum(q > 1 for q in ratios),
+                    "rounds": len(ratios),
+                }
+            )
         results["tables"][str(n)] = {
             "num_envs": n,
             "rates": rates,
@@ -147,10 +158,14 @@ def to_markdown(results: dict[str, Any]) -> str:
             "medians (transitions/s): " + ", ".join(f"{k} {fmt_rate(v)}" for k, v in med.items()) + "\n\n"
         )
         rows = [
-            [r["pair"], f"{r['median_ratio']:.3f}x", f"{r['ci95'][0]:.3f} - {r['ci95'][1]:.3f}",
-             f"{r['rounds_above_1']}/{r['rounds']}"]
+            [
+                r["pair"],
+                f"{r['median_ratio']:.3f}x",
+                f"{r['ci95'][0]:.3f} - {r['ci95'][1]:.3f}",
+                f"{r['rounds_above_1']}/{r['rounds']}",
+            ]
             for r in table["rows"]
-        ]  # fmt: skip
+        ]
         parts.append(markdown_table(["pair", "median of round ratios", "bootstrap 95%", "rounds > 1"], rows))
         parts.append("\n\n")
     return "".join(parts).rstrip() + "\n"
@@ -165,9 +180,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     results = run(
-        quick=args.quick, num_envs=args.num_envs, rounds=args.rounds, timed_batches=args.timed_batches,
+        quick=args.quick,
+        num_envs=args.num_envs,
+        rounds=args.rounds,
+        timed_batches=args.timed_batches,
         seed=args.seed,
-    )  # fmt: skip
+    )
     print(to_markdown(results))
 
 

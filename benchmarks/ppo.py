@@ -55,10 +55,24 @@ EXAMPLE = REPO_ROOT / "examples" / "ppo.py"
 CARTPOLE_CONFIG = REPO_ROOT / "configs" / "ppo_cartpole.yaml"
 HALFCHEETAH_CONFIG = REPO_ROOT / "configs" / "ppo_halfcheetah.yaml"
 HYPERPARAMETERS = {
-    "num_envs": 8, "num_steps": 128, "epochs": 4, "minibatch": 256, "learning_rate": 2.5e-4, "anneal_lr": True,
-    "gamma": 0.99, "gae_lambda": 0.95, "clip": 0.2, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5,
-    "max_grad_norm": 0.5, "norm_adv": True, "target_kl": None, "hidden": 64, "adam_eps": 1e-5,
-}  # fmt: skip
+    "num_envs": 8,
+    "num_steps": 128,
+    "epochs": 4,
+    "minibatch": 256,
+    "learning_rate": 2.5e-4,
+    "anneal_lr": True,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "clip": 0.2,
+    "clip_vloss": True,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "norm_adv": True,
+    "target_kl": None,
+    "hidden": 64,
+    "adam_eps": 1e-5,
+}
 H = HYPERPARAMETERS
 # The example's collector modes, as config overrides; the first is the lockstep reference.
 MODES = {
@@ -95,9 +109,13 @@ def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dic
         command += [f"run_dir={run_dir}", *overrides]
         start = time.perf_counter()
         proc = subprocess.run(
-            command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
+            command,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=_WORKER_TIMEOUT_S,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )  # fmt: skip
+        )
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"examples/ppo.py failed ({proc.returncode}): {command[2:]}\n{proc.stderr[-3000:]}")
@@ -128,14 +146,30 @@ def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dic
 def cleanrl_overrides(seed: int) -> list[str]:
     """``examples/ppo.py`` overrides that set every hyperparameter of the ``cleanrl`` suite."""
     return [
-        f"seed={seed}", "device=cpu", "torch_threads=1", "env_id=CartPole-v1", f"num_envs={H['num_envs']}",
-        f"num_steps={H['num_steps']}", f"update_epochs={H['epochs']}",
-        f"num_minibatches={H['num_envs'] * H['num_steps'] // H['minibatch']}", f"learning_rate={H['learning_rate']}",
-        "anneal_lr=true", f"gamma={H['gamma']}", f"gae_lambda={H['gae_lambda']}", f"clip_coef={H['clip']}",
-        "clip_vloss=true", f"ent_coef={H['ent_coef']}", f"vf_coef={H['vf_coef']}",
-        f"max_grad_norm={H['max_grad_norm']}", f"hidden_size={H['hidden']}", "norm_adv=true", "normalize_obs=false",
-        "normalize_reward=false", "target_kl=null", f"adam_eps={H['adam_eps']}",
-    ]  # fmt: skip
+        f"seed={seed}",
+        "device=cpu",
+        "torch_threads=1",
+        "env_id=CartPole-v1",
+        f"num_envs={H['num_envs']}",
+        f"num_steps={H['num_steps']}",
+        f"update_epochs={H['epochs']}",
+        f"num_minibatches={H['num_envs'] * H['num_steps'] // H['minibatch']}",
+        f"learning_rate={H['learning_rate']}",
+        "anneal_lr=true",
+        f"gamma={H['gamma']}",
+        f"gae_lambda={H['gae_lambda']}",
+        f"clip_coef={H['clip']}",
+        "clip_vloss=true",
+        f"ent_coef={H['ent_coef']}",
+        f"vf_coef={H['vf_coef']}",
+        f"max_grad_norm={H['max_grad_norm']}",
+        f"hidden_size={H['hidden']}",
+        "norm_adv=true",
+        "normalize_obs=false",
+        "normalize_reward=false",
+        "target_kl=null",
+        f"adam_eps={H['adam_eps']}",
+    ]
 
 
 def example_config(path: Path) -> dict[str, Any]:
@@ -155,15 +189,25 @@ def hyperparameters_of(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["normalize_obs"] or cfg["normalize_reward"] or cfg["clip_action"]:
         raise ValueError("hyperparameters_of: the SB3 worker does not mirror the normalising or clipping wrappers")
     return {
-        "num_envs": cfg["num_envs"], "num_steps": cfg["num_steps"], "epochs": cfg["update_epochs"],
+        "num_envs": cfg["num_envs"],
+        "num_steps": cfg["num_steps"],
+        "epochs": cfg["update_epochs"],
         # the example splits the batch's real transitions into num_minibatches; SB3 the whole batch
         "minibatch": cfg["num_envs"] * cfg["num_steps"] // cfg["num_minibatches"],
-        "learning_rate": cfg["learning_rate"], "anneal_lr": cfg["anneal_lr"], "gamma": cfg["gamma"],
-        "gae_lambda": cfg["gae_lambda"], "clip": cfg["clip_coef"], "clip_vloss": cfg["clip_vloss"],
-        "ent_coef": cfg["ent_coef"], "vf_coef": cfg["vf_coef"], "max_grad_norm": cfg["max_grad_norm"],
-        "norm_adv": cfg["norm_adv"], "target_kl": cfg["target_kl"], "hidden": cfg["hidden_size"],
+        "learning_rate": cfg["learning_rate"],
+        "anneal_lr": cfg["anneal_lr"],
+        "gamma": cfg["gamma"],
+        "gae_lambda": cfg["gae_lambda"],
+        "clip": cfg["clip_coef"],
+        "clip_vloss": cfg["clip_vloss"],
+        "ent_coef": cfg["ent_coef"],
+        "vf_coef": cfg["vf_coef"],
+        "max_grad_norm": cfg["max_grad_norm"],
+        "norm_adv": cfg["norm_adv"],
+        "target_kl": cfg["target_kl"],
+        "hidden": cfg["hidden_size"],
         "adam_eps": cfg["adam_eps"],
-    }  # fmt: skip
+    }
 
 
 def worker_sb3(total_timesteps: int, seed: int, h: dict[str, Any]) -> dict[str, Any]:
@@ -186,18 +230,30 @@ def worker_sb3(total_timesteps: int, seed: int, h: dict[str, Any]) -> dict[str, 
 
     lr = h["learning_rate"]
     model = PPO(
-        "MlpPolicy", make_vec_env("CartPole-v1", n_envs=h["num_envs"], seed=seed), n_steps=h["num_steps"],
-        batch_size=h["minibatch"], n_epochs=h["epochs"],
-        learning_rate=(lambda progress: lr * progress) if h["anneal_lr"] else lr, gamma=h["gamma"],
-        gae_lambda=h["gae_lambda"], clip_range=h["clip"], clip_range_vf=h["clip"] if h["clip_vloss"] else None,
-        ent_coef=h["ent_coef"], vf_coef=h["vf_coef"], max_grad_norm=h["max_grad_norm"],
-        normalize_advantage=h["norm_adv"], target_kl=h["target_kl"],
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=h["num_envs"], seed=seed),
+        n_steps=h["num_steps"],
+        batch_size=h["minibatch"],
+        n_epochs=h["epochs"],
+        learning_rate=(lambda progress: lr * progress) if h["anneal_lr"] else lr,
+        gamma=h["gamma"],
+        gae_lambda=h["gae_lambda"],
+        clip_range=h["clip"],
+        clip_range_vf=h["clip"] if h["clip_vloss"] else None,
+        ent_coef=h["ent_coef"],
+        vf_coef=h["vf_coef"],
+        max_grad_norm=h["max_grad_norm"],
+        normalize_advantage=h["norm_adv"],
+        target_kl=h["target_kl"],
         policy_kwargs={
-            "net_arch": {"pi": [h["hidden"]] * 2, "vf": [h["hidden"]] * 2}, "activation_fn": torch.nn.Tanh,
+            "net_arch": {"pi": [h["hidden"]] * 2, "vf": [h["hidden"]] * 2},
+            "activation_fn": torch.nn.Tanh,
             "optimizer_kwargs": {"eps": h["adam_eps"]},
         },
-        device="cpu", seed=seed, verbose=0,
-    )  # fmt: skip
+        device="cpu",
+        seed=seed,
+        verbose=0,
+    )
     model.learn(total_timesteps=total_timesteps, callback=RolloutClock())
     ends = starts[1:] + [time.perf_counter()]  # end of iteration k == start of rollout k+1
     episodes = [info["r"] for info in model.ep_info_buffer]
@@ -225,12 +281,21 @@ def worker_rlox(total_timesteps: int, seed: int, h: dict[str, Any]) -> dict[str,
             return True
 
     config = {
-        "n_envs": h["num_envs"], "n_steps": h["num_steps"], "n_epochs": h["epochs"], "batch_size": h["minibatch"],
-        "learning_rate": h["learning_rate"], "anneal_lr": h["anneal_lr"], "gamma": h["gamma"],
-        "gae_lambda": h["gae_lambda"], "clip_eps": h["clip"], "clip_vloss": h["clip_vloss"],
-        "ent_coef": h["ent_coef"], "vf_coef": h["vf_coef"], "max_grad_norm": h["max_grad_norm"],
+        "n_envs": h["num_envs"],
+        "n_steps": h["num_steps"],
+        "n_epochs": h["epochs"],
+        "batch_size": h["minibatch"],
+        "learning_rate": h["learning_rate"],
+        "anneal_lr": h["anneal_lr"],
+        "gamma": h["gamma"],
+        "gae_lambda": h["gae_lambda"],
+        "clip_eps": h["clip"],
+        "clip_vloss": h["clip_vloss"],
+        "ent_coef": h["ent_coef"],
+        "vf_coef": h["vf_coef"],
+        "max_grad_norm": h["max_grad_norm"],
         "normalize_advantages": h["norm_adv"],
-    }  # fmt: skip
+    }
     trainer = Trainer("ppo", env="CartPole-v1", config=config, seed=seed, callbacks=[UpdateClock()])
     trainer.train(total_timesteps=total_timesteps)
     episodes = trainer.algo.collector.episode_rewards
@@ -251,9 +316,12 @@ def _run_worker(kind: str, total_timesteps: int, seed: int, h: dict[str, Any]) -
     command = [sys.executable, __file__, "--worker", kind, "--total-timesteps", str(total_timesteps)]
     command += ["--seed", str(seed), "--hparams", json.dumps(h)]
     proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
+        command,
+        capture_output=True,
+        text=True,
+        timeout=_WORKER_TIMEOUT_S,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"ppo worker {kind} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -301,9 +369,14 @@ def suite_cleanrl() -> Suite:
         notes.append("rlox not installed: skipped")
     return Suite(
         title="End-to-end PPO, CartPole-v1, CleanRL's hyperparameters (8 x 128 steps, 4 epochs)",
-        reference=LOCKSTEP, steps=(2048, 32768), repeats=3, runners=runners, notes=notes, hyperparameters=dict(H),
+        reference=LOCKSTEP,
+        steps=(2048, 32768),
+        repeats=3,
+        runners=runners,
+        notes=notes,
+        hyperparameters=dict(H),
         with_best_mode=True,
-    )  # fmt: skip
+    )
 
 
 def suite_default() -> Suite:
@@ -328,9 +401,14 @@ def suite_default() -> Suite:
             f"End-to-end PPO, CartPole-v1, the default config (configs/ppo_cartpole.yaml: {h['num_envs']} x "
             f"{h['num_steps']} steps, {h['epochs']} epochs)"
         ),
-        reference=f"torch_rollout default config, {next(iter(MODES))}", steps=(2000, 20000), repeats=3,
-        runners=runners, notes=notes, hyperparameters=h, with_best_mode=True,
-    )  # fmt: skip
+        reference=f"torch_rollout default config, {next(iter(MODES))}",
+        steps=(2000, 20000),
+        repeats=3,
+        runners=runners,
+        notes=notes,
+        hyperparameters=h,
+        with_best_mode=True,
+    )
 
 
 def suite_halfcheetah() -> Suite:
@@ -349,9 +427,14 @@ def suite_halfcheetah() -> Suite:
             )
     return Suite(
         title="End-to-end PPO, HalfCheetah-v5, configs/ppo_halfcheetah.yaml without obs/reward normalisation",
-        reference=LOCKSTEP, steps=(4096, 12288), repeats=2, runners=runners, notes=notes, hyperparameters={},
+        reference=LOCKSTEP,
+        steps=(4096, 12288),
+        repeats=2,
+        runners=runners,
+        notes=notes,
+        hyperparameters={},
         with_best_mode=False,
-    )  # fmt: skip
+    )
 
 
 SUITES: dict[str, Callable[[], Suite]] = {
@@ -365,9 +448,14 @@ SUITES: dict[str, Callable[[], Suite]] = {
 
 
 def run_suite(
-    suite: Suite, *, quick: bool, repeats: int | None, total_timesteps: int | None, seed: int,
+    suite: Suite,
+    *,
+    quick: bool,
+    repeats: int | None,
+    total_timesteps: int | None,
+    seed: int,
     log: Callable[[str], None],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Runs every system of ``suite`` ``repeats`` times, interleaved."""
     repeats = repeats or (1 if quick else suite.repeats)
     total_timesteps = total_timesteps or suite.steps[0 if quick else 1]
@@ -391,16 +479,26 @@ def run_suite(
             values = [r[key] for r in runs if key in r]
             row[key] = statistics.median(values) if values else None
     return {
-        "title": suite.title, "reference": suite.reference, "with_best_mode": suite.with_best_mode,
+        "title": suite.title,
+        "reference": suite.reference,
+        "with_best_mode": suite.with_best_mode,
         "config": {"total_timesteps": total_timesteps, "repeats": repeats, "seed": seed, **suite.hyperparameters},
-        "notes": suite.notes, "samples": samples, "details": details, "rows": rows,
-    }  # fmt: skip
+        "notes": suite.notes,
+        "samples": samples,
+        "details": details,
+        "rows": rows,
+    }
 
 
 def run(
-    *, quick: bool = False, repeats: int | None = None, total_timesteps: int | None = None, seed: int = 1,
-    suites: list[str] | None = None, log: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    total_timesteps: int | None = None,
+    seed: int = 1,
+    suites: list[str] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Runs the suites one after another; writes results/ppo.json (results/ppo_quick.json when ``quick``).
 
     Args:
@@ -478,11 +576,19 @@ def to_markdown(results: dict[str, Any]) -> str:
     for table in results["suites"].values():
         cfg = table["config"]
         rows = [
-            [r["system"], f"{r['median']:.0f}", f"{r['min']:.0f} - {r['max']:.0f}", f"{r['ratio']:.2f}x",
-             f"{r['policy_lag']:.2f}", _ms(r.get("wait_s")), _ms(r.get("update_s")), f"{r['process_wall_s']:.1f}",
-             _return(r["final_mean_return"])]
+            [
+                r["system"],
+                f"{r['median']:.0f}",
+                f"{r['min']:.0f} - {r['max']:.0f}",
+                f"{r['ratio']:.2f}x",
+                f"{r['policy_lag']:.2f}",
+                _ms(r.get("wait_s")),
+                _ms(r.get("update_s")),
+                f"{r['process_wall_s']:.1f}",
+                _return(r["final_mean_return"]),
+            ]
             for r in table["rows"]
-        ]  # fmt: skip
+        ]
         title = (
             f"**{table['title']}, {cfg['total_timesteps']} env steps per run** "
             f"(steady-state env steps/s, median of {cfg['repeats']})"
@@ -490,9 +596,16 @@ def to_markdown(results: dict[str, Any]) -> str:
         text = title + "\n\n"
         if rows:
             header = [
-                "trainer", "median", "range", "vs lockstep", "policy lag", "wait ms/iter", "update ms/iter",
-                "process wall s", "final mean return",
-            ]  # fmt: skip
+                "trainer",
+                "median",
+                "range",
+                "vs lockstep",
+                "policy lag",
+                "wait ms/iter",
+                "update ms/iter",
+                "process wall s",
+                "final mean return",
+            ]
             text += markdown_table(header, rows) + "\n"
             floors = ceilings(table)
             if floors:
@@ -520,9 +633,12 @@ def main() -> None:
         print(json.dumps(WORKERS[args.worker](args.total_timesteps, args.seed, json.loads(args.hparams))))
         return
     results = run(
-        quick=args.quick, repeats=args.repeats, total_timesteps=args.total_timesteps, seed=args.seed,
+        quick=args.quick,
+        repeats=args.repeats,
+        total_timesteps=args.total_timesteps,
+        seed=args.seed,
         suites=args.suites,
-    )  # fmt: skip
+    )
     print(to_markdown(results))
 
 

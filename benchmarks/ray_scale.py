@@ -33,8 +33,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _common import fmt_rate, machine_info, make_policy, markdown_table, placement, run_interleaved, write_json
 from torch_rollout import Collector
+
+from _common import fmt_rate, machine_info, make_policy, markdown_table, placement, run_interleaved, write_json
 
 T, N = 32, 16
 
@@ -92,18 +93,28 @@ class CollectorSession:
         self.collector.close()
 
 
-def collector(backend: str, k: int, *, num_envs: int, prefetch: int | None, step_ms: float, base: float,
-              pixels: bool = False) -> Collector:  # fmt: skip
+def collector(
+    backend: str, k: int, *, num_envs: int, prefetch: int | None, step_ms: float, base: float, pixels: bool = False
+) -> Collector:
     options: dict[str, Any] = {"step_ms": step_ms, "base": base}
     if pixels:
         options.update(obs_shape=(4, 84, 84), dtype=np.uint8)
     recipe = functools.partial(slow_envs, **options)
     policy: torch.nn.Module = PixelPolicy() if pixels else make_policy()
     if backend == "thread":
-        return Collector(recipe(num_envs), policy, num_steps=T, device="cpu", seed=0, prefetch=prefetch,
-                         backend="thread")  # fmt: skip
-    return Collector(recipe, policy, num_envs=num_envs, num_steps=T, device="cpu", seed=0, prefetch=prefetch,
-                     backend=placement(backend, k))  # fmt: skip
+        return Collector(
+            recipe(num_envs), policy, num_steps=T, device="cpu", seed=0, prefetch=prefetch, backend="thread"
+        )
+    return Collector(
+        recipe,
+        policy,
+        num_envs=num_envs,
+        num_steps=T,
+        device="cpu",
+        seed=0,
+        prefetch=prefetch,
+        backend=placement(backend, k),
+    )
 
 
 def throughput(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -111,9 +122,11 @@ def throughput(args: argparse.Namespace) -> dict[str, list[float]]:
     for k in args.workers:
         for backend in ("ray", "process"):
             factories[f"{backend} K={k}"] = functools.partial(
-                lambda b, k: CollectorSession(collector(b, k, num_envs=N, prefetch=1, step_ms=args.step_ms,
-                                                        base=time.monotonic())),  # fmt: skip
-                backend, k,
+                lambda b, k: CollectorSession(
+                    collector(b, k, num_envs=N, prefetch=1, step_ms=args.step_ms, base=time.monotonic())
+                ),
+                backend,
+                k,
             )
     return run_interleaved(factories, repeats=args.repeats, warmup=2, steps=args.batches)
 
@@ -131,16 +144,19 @@ def transport(args: argparse.Namespace) -> dict[str, list[float]]:
             for label, (backend, k) in systems.items():
                 name = f"{label}, {'uint8 4x84x84' if pixels else 'float32 4'} obs, {T}x{num_envs}"
                 base = time.monotonic()
-                with collector(backend, k, num_envs=num_envs, prefetch=0, step_ms=args.step_ms, base=base,
-                               pixels=pixels) as c:  # fmt: skip
+                with collector(
+                    backend, k, num_envs=num_envs, prefetch=0, step_ms=args.step_ms, base=base, pixels=pixels
+                ) as c:
                     for i in range(2 + args.batches):
                         batch = next(c)
                         received = time.monotonic() - base
                         if i >= 2:  # after a warm-up
                             last_step = float(batch["reward"][-1].max())
                             samples.setdefault(name, []).append((received - last_step) * 1000.0)
-                print(f"  repeat {repeat + 1}/{args.repeats}  {name:<60} "
-                      f"{statistics.median(samples[name][-args.batches:]):.2f} ms")  # fmt: skip
+                print(
+                    f"  repeat {repeat + 1}/{args.repeats}  {name:<60} "
+                    f"{statistics.median(samples[name][-args.batches :]):.2f} ms"
+                )
     return samples
 
 
@@ -190,16 +206,27 @@ def main() -> None:
     rows = []
     for name, values in latencies.items():
         pixels = "uint8" in name
-        rows.append([name, f"{statistics.median(values):.2f}", f"{min(values):.2f} - {max(values):.2f}",
-                     f"{batch_bytes(pixels, 8 if pixels else N) / 1e6:.2f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{statistics.median(values):.2f}",
+                f"{min(values):.2f} - {max(values):.2f}",
+                f"{batch_bytes(pixels, 8 if pixels else N) / 1e6:.2f}",
+            ]
+        )
     transport_table = markdown_table(["system, batch", "median ms", "range ms", "batch MB"], rows)
     print(transport_table)
     ray.shutdown()
     info["wall_s"] = round(time.monotonic() - start, 1)
     path = write_json(
         "ray_scale",
-        {"machine": info, "args": vars(args), "throughput": rates, "transport_ms": latencies,
-         "tables": {"throughput": throughput_table, "transport": transport_table}},  # fmt: skip
+        {
+            "machine": info,
+            "args": vars(args),
+            "throughput": rates,
+            "transport_ms": latencies,
+            "tables": {"throughput": throughput_table, "transport": transport_table},
+        },
     )
     print(f"wrote {path} in {info['wall_s']} s")
 

@@ -26,6 +26,7 @@ import placement_ab
 import ppo
 import threads
 import truncation
+
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, quiet_warnings, write_json
 
 __all__ = ["main", "render"]
@@ -179,9 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         help="run only these parts",
     )
     parser.add_argument("--repeats", type=int, default=None, help="override the repeats of every part")
-    parser.add_argument(
-        "--no-docs", action="store_true", help="write results/performance.md, not docs/performance.md"
-    )
+    parser.add_argument("--no-docs", action="store_true", help="write results/performance.md, not docs/performance.md")
     args = parser.parse_args(argv)
     quiet_warnings()
     parts = args.only or ["collect", "placement", "atari", "gae", "truncation", "threads", "ppo"]

@@ -45,8 +45,9 @@ def worker(setting: str, timed: int, seed: int = 0) -> dict[str, Any]:
     import gymnasium as gym
     import torch
 
-    from _common import make_policy
     from torch_rollout import Collector
+
+    from _common import make_policy
 
     if setting == "1":
         torch.set_num_threads(1)
@@ -81,8 +82,11 @@ def _run_worker(setting: str, timed: int) -> dict[str, Any]:
     env["PYTHONWARNINGS"] = "ignore"
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", setting, "--timed", str(timed)],
-        capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=_WORKER_TIMEOUT_S,
+        env=env,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"threads worker {setting} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -116,16 +120,21 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
         default, one = (statistics.median(samples[s][prefetch]) for s in SETTINGS)
         rows.append(
             {
-                "prefetch": int(prefetch), "default_threads": threads["default"], "default": default, "one": one,
+                "prefetch": int(prefetch),
+                "default_threads": threads["default"],
+                "default": default,
+                "one": one,
                 "default_range": [min(samples["default"][prefetch]), max(samples["default"][prefetch])],
-                "one_range": [min(samples["1"][prefetch]), max(samples["1"][prefetch])], "ratio": default / one,
+                "one_range": [min(samples["1"][prefetch]), max(samples["1"][prefetch])],
+                "ratio": default / one,
             }
-        )  # fmt: skip
+        )
     results = {
         "machine": machine_info(),
         "config": {"num_envs": NUM_ENVS, "num_steps": NUM_STEPS, "repeats": repeats, "timed": timed, "quick": quick},
-        "samples": samples, "rows": rows,
-    }  # fmt: skip
+        "samples": samples,
+        "rows": rows,
+    }
     write_json("threads_quick" if quick else "threads", results)
     return results
 
@@ -134,10 +143,14 @@ def to_markdown(results: dict[str, Any]) -> str:
     """The thread-settings table."""
     cfg = results["config"]
     rows = [
-        [f"thread, prefetch={r['prefetch']}", f"{fmt_rate(r['default'])} ({r['default_threads']} threads)",
-         f"{fmt_rate(r['one'])}", f"{r['ratio']:.2f}x"]
+        [
+            f"thread, prefetch={r['prefetch']}",
+            f"{fmt_rate(r['default'])} ({r['default_threads']} threads)",
+            f"{fmt_rate(r['one'])}",
+            f"{r['ratio']:.2f}x",
+        ]
         for r in results["rows"]
-    ]  # fmt: skip
+    ]
     title = (
         f"**Thread backend: torch's default intra-op threads vs set_num_threads(1), CartPole-v1 "
         f"T={cfg['num_steps']} x N={cfg['num_envs']}** (transitions/s, median of {cfg['repeats']})"

@@ -24,11 +24,11 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+import collect
 import gymnasium as gym
 import numpy as np
 import torch
 
-import collect
 from _common import machine_info, make_policy, markdown_table, quiet_warnings, write_json
 
 __all__ = ["run", "TimeLimitedChain", "ENV_ID"]
@@ -256,10 +256,17 @@ def run(
         rows.append(row)
     results = {
         "machine": machine_info(),
-        "config": {"env": ENV_ID, "limit": LIMIT, "num_envs": num_envs, "num_steps": num_steps, "gamma": GAMMA,
-                   "gae_lambda": GAE_LAMBDA, "seed": seed},
+        "config": {
+            "env": ENV_ID,
+            "limit": LIMIT,
+            "num_envs": num_envs,
+            "num_steps": num_steps,
+            "gamma": GAMMA,
+            "gae_lambda": GAE_LAMBDA,
+            "seed": seed,
+        },
         "rows": rows,
-    }  # fmt: skip
+    }
     write_json("truncation_quick" if quick else "truncation", results)
     return results
 
@@ -273,12 +280,24 @@ def to_markdown(results: dict[str, Any]) -> str:
             rows.append([r["system"], "failed: " + r["error"].replace("|", "/")[:120], "", "", "", ""])
             continue
         ex = r["example"]
-        rows.append([
-            r["system"], f"{r['max_err_truncated']:.2e}", f"{r['max_err_other']:.2e}", r["reset_rows_in_loss"],
-            f"{ex['exact']:.4f} / {ex['got']:.4f}", r["note"],
-        ])  # fmt: skip
-    header = ["system", "max abs err, truncated steps", "max abs err, other steps", "reset rows in loss",
-              "example: exact / got", "read from its batch"]  # fmt: skip
+        rows.append(
+            [
+                r["system"],
+                f"{r['max_err_truncated']:.2e}",
+                f"{r['max_err_other']:.2e}",
+                r["reset_rows_in_loss"],
+                f"{ex['exact']:.4f} / {ex['got']:.4f}",
+                r["note"],
+            ]
+        )
+    header = [
+        "system",
+        "max abs err, truncated steps",
+        "max abs err, other steps",
+        "reset rows in loss",
+        "example: exact / got",
+        "read from its batch",
+    ]
     title = (
         f"**Advantages at time-limit truncations** (chain env, TimeLimit {cfg['limit']}, "
         f"T={cfg['num_steps']} x N={cfg['num_envs']}, gamma={cfg['gamma']}, lambda={cfg['gae_lambda']})"

@@ -220,9 +220,7 @@ def placement(cfg: Config) -> str | Processes | Ray:
     return cfg.backend
 
 
-def make_envs(
-    cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None
-) -> gym.vector.VectorEnv:
+def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None) -> gym.vector.VectorEnv:
     """Builds the vector env with the wrappers the config asks for.
 
     With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping. With
@@ -233,18 +231,23 @@ def make_envs(
         if cfg.env_id != "CartPole-v1":
             raise ConfigError(f"mask_velocity knows CartPole-v1's observation only, got env_id={cfg.env_id}")
         position_and_angle = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-        wrappers.append(functools.partial(
-            gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
-        ))  # fmt: skip
+        wrappers.append(
+            functools.partial(
+                gym.wrappers.TransformObservation, func=drop_velocities, observation_space=position_and_angle
+            )
+        )
     if video is not None:
         # one sub-env records, one episode: RecordVideo holds every frame in memory until the episode ends
         # (0.7 MB a CartPole frame, 500 of them in a good episode), and --eval counts first episodes only
         sub_env = itertools.count()
         wrappers.append(lambda env: record_first_episode(env, video) if next(sub_env) == 0 else env)
     envs = gym.make_vec(
-        cfg.env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers,
+        cfg.env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        wrappers=wrappers,
         render_mode=None if video is None else "rgb_array",
-    )  # fmt: skip
+    )
     if cfg.normalize_reward and training:
         # NormalizeReward rescales what the collector sees, so its episode_return is no longer
         # the env's return: record the raw returns beneath the scaling (the "episode" info)
@@ -463,10 +466,22 @@ class Logger:
 
 
 LOG_FIELDS = [
-    "step", "wall_time", "charts/mean_return", "charts/episodes", "charts/SPS", "charts/learning_rate",
-    "charts/policy_lag", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-    "losses/clip_frac", "losses/explained_variance", "time/wait_s", "time/update_s",
-]  # fmt: skip
+    "step",
+    "wall_time",
+    "charts/mean_return",
+    "charts/episodes",
+    "charts/SPS",
+    "charts/learning_rate",
+    "charts/policy_lag",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clip_frac",
+    "losses/explained_variance",
+    "time/wait_s",
+    "time/update_s",
+]
 
 
 def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
@@ -523,20 +538,32 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         if resume["obs_rms"] is not None and cfg.backend == "thread":
             set_obs_rms(find_wrapper(envs, gym.wrappers.vector.NormalizeObservation), resume["obs_rms"])
     logger = Logger(
-        run_dir, LOG_FIELDS, resume_step=None if resume is None else done_iterations * batch_steps,
+        run_dir,
+        LOG_FIELDS,
+        resume_step=None if resume is None else done_iterations * batch_steps,
         tensorboard=cfg.track_tensorboard,
-    )  # fmt: skip
+    )
     progress = tqdm(
-        total=num_iterations * batch_steps, initial=done_iterations * batch_steps, unit="step",
+        total=num_iterations * batch_steps,
+        initial=done_iterations * batch_steps,
+        unit="step",
         mininterval=1 if sys.stderr.isatty() else 30,
-    )  # fmt: skip
+    )
     collector = Collector(
-        envs, agent, num_steps=cfg.num_steps, num_envs=cfg.num_envs, gae=GAE(cfg.gamma, cfg.gae_lambda),
-        device=device, total_timesteps=cfg.total_timesteps, prefetch=cfg.prefetch, seed=cfg.seed,
-        backend=placement(cfg), initial_state=agent.initial_state if recurrent else None,
+        envs,
+        agent,
+        num_steps=cfg.num_steps,
+        num_envs=cfg.num_envs,
+        gae=GAE(cfg.gamma, cfg.gae_lambda),
+        device=device,
+        total_timesteps=cfg.total_timesteps,
+        prefetch=cfg.prefetch,
+        seed=cfg.seed,
+        backend=placement(cfg),
+        initial_state=agent.initial_state if recurrent else None,
         # the env's own returns, beneath NormalizeReward (see make_envs); else episode_return is that
         keys=BatchKeys(info_keys=("episode",) if cfg.normalize_reward else None),
-    )  # fmt: skip
+    )
     if resume is not None:
         # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)
         collector.load_state_dict(resume["collector"])
@@ -602,15 +629,22 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 ret, val = batch["return"][real], batch["value"][real]
                 explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
                 sps = (global_step - done_iterations * batch_steps) / (time.perf_counter() - start)
-                logger.log({
-                    "step": global_step, "wall_time": wall_offset + time.perf_counter() - start,
-                    "charts/mean_return": mean_return,
-                    "charts/episodes": episodes, "charts/SPS": sps, "charts/learning_rate": lr,
-                    # rows collected by weights older than the ones just trained (1 with prefetch=1)
-                    "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
-                    "losses/explained_variance": explained_var, "time/wait_s": wait_s, "time/update_s": update_s,
-                    **stats,
-                })  # fmt: skip
+                logger.log(
+                    {
+                        "step": global_step,
+                        "wall_time": wall_offset + time.perf_counter() - start,
+                        "charts/mean_return": mean_return,
+                        "charts/episodes": episodes,
+                        "charts/SPS": sps,
+                        "charts/learning_rate": lr,
+                        # rows collected by weights older than the ones just trained (1 with prefetch=1)
+                        "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
+                        "losses/explained_variance": explained_var,
+                        "time/wait_s": wait_s,
+                        "time/update_s": update_s,
+                        **stats,
+                    }
+                )
                 progress.update(batch_steps)
                 progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
                 waited_from = time.perf_counter()
@@ -631,9 +665,11 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     if cfg.backend == "thread":
         envs.close()
     plot_learning_curve(
-        run_dir / "progress.csv", run_dir / "learning_curve.png",
-        title=f"PPO on {cfg.env_id}, seed {cfg.seed}", window=cfg.return_window,
-    )  # fmt: skip
+        run_dir / "progress.csv",
+        run_dir / "learning_curve.png",
+        title=f"PPO on {cfg.env_id}, seed {cfg.seed}",
+        window=cfg.return_window,
+    )
     if cfg.capture_video:  # what the final weights do, to watch
         evaluate(checkpoint_path, ["eval_episodes=1"])
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
@@ -694,10 +730,12 @@ def update(
         if cfg.target_kl is not None and approx_kl > cfg.target_kl:
             break
     return {
-        "losses/policy_loss": policy_loss.item(), "losses/value_loss": value_loss.item(),
-        "losses/entropy": entropy_loss.item(), "losses/approx_kl": approx_kl.item(),
+        "losses/policy_loss": policy_loss.item(),
+        "losses/value_loss": value_loss.item(),
+        "losses/entropy": entropy_loss.item(),
+        "losses/approx_kl": approx_kl.item(),
         "losses/clip_frac": clip_frac.item() / updates,
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------- plot and eval
@@ -813,9 +851,13 @@ def config_help() -> str:
                 text += f" [{DEFAULT_CONFIG.name}: {yaml_scalar(shipped[name])}]"
             key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
             lines += textwrap.wrap(
-                text, width, initial_indent=key, subsequent_indent=" " * 30,
-                break_long_words=False, break_on_hyphens=False,
-            )  # fmt: skip
+                text,
+                width,
+                initial_indent=key,
+                subsequent_indent=" " * 30,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
     usage = textwrap.dedent(__doc__.partition("Usage::")[2]).strip("\n")
     return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
 
@@ -827,9 +869,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
     parser.add_argument("--eval", metavar="CHECKPOINT", default=None, help="evaluate a checkpoint instead")
     parser.add_argument(
-        "--resume", metavar="CHECKPOINT", default=None,
+        "--resume",
+        metavar="CHECKPOINT",
+        default=None,
         help="carry on the run of a checkpoint (its config, then the overrides, e.g. a larger total_timesteps)",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. seed=2")
     args = parser.parse_args(argv)
     try:

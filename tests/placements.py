@@ -18,6 +18,8 @@ __all__ = ["LOCAL_PLACEMENTS", "PLACEMENTS", "envs_for", "local_ray", "num_loops
 _NO_RAY = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'torch_rollout[ray]')"
 )
+
+
 def on_ray(placement: dict[str, Any]) -> bool:
     """Whether a placement's collection runs on Ray."""
     return isinstance(placement.get("backend"), Ray)

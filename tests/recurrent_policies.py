@@ -43,7 +43,6 @@ class StepCountingPolicy(nn.Module):
         return {"action": action, "value": self._value(obs, state), "next_state": {"steps": steps + 1}}
 
 
-
 class StepCountingValuePolicy(StepCountingPolicy):
     """StepCountingPolicy with the value-only path ``get_value(obs, state, is_init)``."""
 
@@ -63,7 +62,6 @@ class CallCountingPolicy(nn.Module):
         self.calls += 1
         value = value_fn(obs).to(obs.dtype)
         return {"action": torch.randint(0, 3, (n,)), "value": value, "call": torch.full((n,), self.calls)}
-
 
 
 class CallCountingValuePolicy(CallCountingPolicy):

@@ -11,10 +11,11 @@ import torch
 from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
+from torch_rollout import BatchKeys, Collector, Processes
+
 from async_pool import AsyncCountingPool, make_async_counting_pool
 from counting_env import CountingEnv, CountingPolicy, value_fn
 from recurrent_policies import StepCountingPolicy, steps_state
-from torch_rollout import BatchKeys, Collector, Processes
 
 # (num_envs, batch_size, num_steps, lag of env 0): envs of equal speed; a slow env 0, whose batch ends many
 # rows after the others' (their rows of the next batches carried over); T=1, where every row ends a batch;
@@ -26,9 +27,15 @@ CASE_IDS = ["even", "slow-env", "T1", "B=N-1"]
 def collect(pool, policy, *, num_batches, num_steps, prefetch=0, **kwargs):
     total = num_batches * num_steps * pool.num_envs
     with Collector(
-        pool, policy, num_steps=num_steps, total_timesteps=total, prefetch=prefetch, device="cpu", backend="thread",
+        pool,
+        policy,
+        num_steps=num_steps,
+        total_timesteps=total,
+        prefetch=prefetch,
+        device="cpu",
+        backend="thread",
         **kwargs,
-    ) as collector:  # fmt: skip
+    ) as collector:
         batches = list(collector)
     assert len(batches) == num_batches
     return batches
@@ -110,7 +117,13 @@ def test_recurrent_state_goes_with_each_env():
 
 def test_infos_are_those_of_each_rows_step():
     pool = AsyncCountingPool(4, 2, lag=3)
-    batches = collect(pool, CountingPolicy(deterministic=True), num_batches=3, num_steps=4, keys=BatchKeys(info_keys=("elapsed_step",)))
+    batches = collect(
+        pool,
+        CountingPolicy(deterministic=True),
+        num_batches=3,
+        num_steps=4,
+        keys=BatchKeys(info_keys=("elapsed_step",)),
+    )
     for batch in batches:
         real = batch["mask"]
         # elapsed_step is the env's step in its episode after the row's step; reset rows' infos are masked out.
@@ -168,9 +181,14 @@ def test_async_pools_in_worker_processes_give_exact_rows():
     # A worker process building a pool of 6 envs with batch_size 2 (env 0 slow); batches in shared-memory slots.
     recipe = partial(make_async_counting_pool, batch_size=2, lag=3)
     with Collector(
-        recipe, CountingPolicy(deterministic=True), num_envs=6, num_steps=4, total_timesteps=6 * 4 * 3,
-        backend=Processes(1), device="cpu",
-    ) as collector:  # fmt: skip
+        recipe,
+        CountingPolicy(deterministic=True),
+        num_envs=6,
+        num_steps=4,
+        total_timesteps=6 * 4 * 3,
+        backend=Processes(1),
+        device="cpu",
+    ) as collector:
         batches = list(collector)
     rows = torch.cat(batches)  # [3 * T, 6], each env's rows in order
     obs, real = rows["obs"], rows["mask"]

@@ -18,6 +18,8 @@ import warnings
 import pytest
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
+from torch_rollout import Collector
+
 from placements import PLACEMENTS, envs_for
 from reliability_envs import (
     BLOCK_RELEASE,
@@ -29,12 +31,11 @@ from reliability_envs import (
     collector_threads,
     faulty_fns,
     faulty_vec,
-    take,
     make_vec,
+    take,
     wait_until,
     warm_up_multiprocessing,
 )
-from torch_rollout import Collector
 
 # A hang guard, not a measurement: far above what any of these batches takes on a loaded 2-core box.
 TIMEOUT = 60.0
@@ -190,7 +191,7 @@ def test_step_blocking_forever_times_out(release_blocked_steps, owned):
     release_blocked_steps.set()
     assert wait_until(lambda: not collector_threads(), TIMEOUT)
     if owned:
-        assert wait_until(lambda: collector.envs.closed, TIMEOUT)
+        assert wait_until(lambda: collector.envs.closed, TIMEOUT)  # noqa: F821 (deleted below, after this runs)
     else:
         envs.close()
     del envs, collector

@@ -13,12 +13,13 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
+from test_process import deterministic_cartpole_policy
 from torch import nn
+
+from torch_rollout import GAE, Collector
 
 from counting_env import CountingPolicy, make_counting_envs, value_fn
 from placements import PLACEMENTS, envs_for
-from test_process import deterministic_cartpole_policy
-from torch_rollout import GAE, Collector
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 MODE_IDS = ["next_step", "same_step", "disabled"]
@@ -29,8 +30,15 @@ TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 def collect(envs, policy, *, num_steps, num_batches, prefetch, **kwargs):
     total = num_steps * envs.num_envs * num_batches
     with Collector(
-        envs, policy, num_steps=num_steps, total_timesteps=total, prefetch=prefetch, device="cpu",
-        gae=GAE(GAMMA, LAMBDA), seed=0, **kwargs,
+        envs,
+        policy,
+        num_steps=num_steps,
+        total_timesteps=total,
+        prefetch=prefetch,
+        device="cpu",
+        gae=GAE(GAMMA, LAMBDA),
+        seed=0,
+        **kwargs,
     ) as collector:
         batches = list(collector)
     assert len(batches) == num_batches
@@ -73,9 +81,7 @@ def test_batches_hold_every_real_transition_once_in_order(mode, prefetch):
             np.testing.assert_array_equal(real["done"].numpy(), terminated | truncated)
             # V of the true next state: of the final observation at episode ends.
             np.testing.assert_allclose(real["next_value"].numpy(), value_fn(next_obs).numpy(), rtol=1e-6)
-            np.testing.assert_allclose(
-                real["advantage"].numpy(), reference_advantages(log_rows), rtol=1e-5, atol=1e-5
-            )
+            np.testing.assert_allclose(real["advantage"].numpy(), reference_advantages(log_rows), rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(real["return"].numpy(), (real["advantage"] + real["value"]).numpy())
         # None missing: the env did nothing the batches don't show.
         assert position == len(env.log)
@@ -166,8 +172,23 @@ def test_batch_contract_keys_dtypes_and_episode_stats():
     for key in ("terminated", "truncated", "done", "mask"):
         assert batch[key].dtype == torch.bool
     assert batch["policy_version"].dtype == torch.int64
-    expected = {"obs", "action", "value", "log_prob", "reward", "terminated", "truncated", "done", "mask",
-                "next_value", "advantage", "return", "episode_return", "episode_length", "policy_version"}
+    expected = {
+        "obs",
+        "action",
+        "value",
+        "log_prob",
+        "reward",
+        "terminated",
+        "truncated",
+        "done",
+        "mask",
+        "next_value",
+        "advantage",
+        "return",
+        "episode_return",
+        "episode_length",
+        "policy_version",
+    }
     assert set(batch.keys()) == expected
     # Episode totals at episode ends: length from the env's rule, return = sum of 10*t + a.
     full = torch.cat(batches)
@@ -182,8 +203,15 @@ def test_batch_contract_keys_dtypes_and_episode_stats():
 
 
 def test_env_id_with_total_timesteps_gives_ceil_batches():
-    with Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=10, total_timesteps=45,
-                   device="cpu", backend="thread") as collector:
+    with Collector(
+        "TorchRolloutCounting-v0",
+        CountingPolicy(),
+        num_envs=2,
+        num_steps=10,
+        total_timesteps=45,
+        device="cpu",
+        backend="thread",
+    ) as collector:
         assert isinstance(collector.envs, SyncVectorEnv)
         assert len(collector) == 3
         batches = list(collector)
@@ -208,8 +236,16 @@ def test_seeded_lockstep_runs_are_identical():
     def run():
         torch.manual_seed(123)
         policy = CountingPolicyForCartPole()
-        with Collector("CartPole-v1", policy, num_envs=4, num_steps=32, total_timesteps=4 * 32 * 4,
-                       prefetch=0, seed=7, device="cpu") as collector:
+        with Collector(
+            "CartPole-v1",
+            policy,
+            num_envs=4,
+            num_steps=32,
+            total_timesteps=4 * 32 * 4,
+            prefetch=0,
+            seed=7,
+            device="cpu",
+        ) as collector:
             return torch.cat(list(collector))
 
     first, second = run(), run()
@@ -232,8 +268,11 @@ def test_policy_without_value_gives_no_advantages():
 
 def test_tensordict_module_policy():
     net = nn.Linear(4, 1)
-    module = TensorDictModule(lambda obs: (torch.zeros(obs.shape[0], dtype=torch.long), net(obs)),
-                              in_keys=["obs"], out_keys=["action", "value"])
+    module = TensorDictModule(
+        lambda obs: (torch.zeros(obs.shape[0], dtype=torch.long), net(obs)),
+        in_keys=["obs"],
+        out_keys=["action", "value"],
+    )
     envs = make_counting_envs(2)
     (batch,) = collect(envs, module, num_steps=3, num_batches=1, prefetch=0)
     assert batch["value"].shape == (3, 2)  # [N, 1] values are squeezed
@@ -254,9 +293,17 @@ def test_every_placement_gives_the_batches_of_the_lockstep_thread(prefetch, plac
     def run(placement: dict, prefetch: int) -> TensorDict:
         envs, extra = envs_for(placement, recipe, 6)
         with Collector(
-            envs, deterministic_cartpole_policy(), num_steps=40, total_timesteps=6 * 40 * 3, seed=11, device="cpu",
-            prefetch=prefetch, timeout=TIMEOUT, **placement, **extra,
-        ) as collector:  # fmt: skip
+            envs,
+            deterministic_cartpole_policy(),
+            num_steps=40,
+            total_timesteps=6 * 40 * 3,
+            seed=11,
+            device="cpu",
+            prefetch=prefetch,
+            timeout=TIMEOUT,
+            **placement,
+            **extra,
+        ) as collector:
             batches = torch.cat(list(collector))
         if not extra:
             envs.close()
@@ -294,10 +341,11 @@ def test_no_torn_weights_and_bounded_lag_while_trainer_updates(prefetch, placeme
     envs, extra = envs_for(placement, make_counting_envs, 2)
     weights_at_version = {}
     last_seen = torch.full((2,), -1)  # per env: worker processes refresh independently of each other
-    with Collector(envs, policy, num_steps=8, total_timesteps=8 * 2 * 12, prefetch=prefetch, device="cpu",
-                   **placement, **extra) as collector:
+    with Collector(
+        envs, policy, num_steps=8, total_timesteps=8 * 2 * 12, prefetch=prefetch, device="cpu", **placement, **extra
+    ) as collector:
         weights_at_version[0] = 0.0
-        for k, batch in enumerate(collector):
+        for batch in collector:
             weights_at_version[collector.policy_version] = policy.a.item()
             versions = batch["policy_version"]
             assert (versions[1:] >= versions[:-1]).all() and (versions[0] >= last_seen).all()
@@ -354,8 +402,9 @@ def test_acting_policy_runs_on_one_intra_op_thread_and_the_trainer_keeps_its_own
     try:
         torch.ones(2, 2).sum()  # the trainer has run a torch op: its own thread team exists
         envs, extra = envs_for(placement, make_counting_envs, 2)
-        with Collector(envs, ThreadsProbe(), num_steps=3, total_timesteps=2 * 3 * 2, device="cpu", prefetch=1,
-                       **placement, **extra) as collector:
+        with Collector(
+            envs, ThreadsProbe(), num_steps=3, total_timesteps=2 * 3 * 2, device="cpu", prefetch=1, **placement, **extra
+        ) as collector:
             threads = torch.cat([batch["threads"] for batch in collector])
         assert (threads == 1).all()
         assert torch.get_num_threads() == 2  # the trainer's thread
@@ -379,12 +428,14 @@ class SpacesEnv(gym.Env):
     metadata: dict = {"render_modes": []}
 
     def __init__(self, action_space: gym.Space) -> None:
-        self.observation_space = gym.spaces.Dict({
-            "image": gym.spaces.Box(0, 255, (3, 2, 2), np.uint8),
-            "index": gym.spaces.Discrete(5),
-            "bits": gym.spaces.MultiBinary(3),
-            "levels": gym.spaces.MultiDiscrete([2, 4]),
-        })
+        self.observation_space = gym.spaces.Dict(
+            {
+                "image": gym.spaces.Box(0, 255, (3, 2, 2), np.uint8),
+                "index": gym.spaces.Discrete(5),
+                "bits": gym.spaces.MultiBinary(3),
+                "levels": gym.spaces.MultiDiscrete([2, 4]),
+            }
+        )
         self.action_space = action_space
         self.received: list = []
         self.t = 0
@@ -472,9 +523,15 @@ def spaces_envs(num_envs: int) -> SyncVectorEnv:
 def test_dict_observations_and_any_dtype_travel_and_batches_are_writable_copies(placement):
     envs, extra = envs_for(placement, spaces_envs, 3)
     with Collector(
-        envs, DictObsPolicy(), num_steps=6, total_timesteps=3 * 6 * 2, device="cpu", timeout=TIMEOUT,
-        **placement, **extra,
-    ) as collector:  # fmt: skip
+        envs,
+        DictObsPolicy(),
+        num_steps=6,
+        total_timesteps=3 * 6 * 2,
+        device="cpu",
+        timeout=TIMEOUT,
+        **placement,
+        **extra,
+    ) as collector:
         batches = list(collector)
     if not extra:
         envs.close()
@@ -502,8 +559,17 @@ def test_cuda_batches_match_cpu(mode, prefetch, placement):
     for device in ("cpu", "cuda"):
         envs, extra = envs_for(placement, partial(make_counting_envs, mode=mode), 3)
         policy = CountingPolicy(deterministic=True).to(device)
-        with Collector(envs, policy, num_steps=5, total_timesteps=5 * 3 * 4, prefetch=prefetch,
-                       device=device, gae=GAE(GAMMA, LAMBDA), **placement, **extra) as collector:
+        with Collector(
+            envs,
+            policy,
+            num_steps=5,
+            total_timesteps=5 * 3 * 4,
+            prefetch=prefetch,
+            device=device,
+            gae=GAE(GAMMA, LAMBDA),
+            **placement,
+            **extra,
+        ) as collector:
             results[device] = torch.cat(list(collector))
         if not extra:
             envs.close()

@@ -11,9 +11,10 @@ import torch
 from gymnasium.vector import AutoresetMode
 from torch import nn
 
+from torch_rollout import Collector
+
 from counting_env import make_counting_envs
 from placements import LOCAL_PLACEMENTS, envs_for, num_loops
-from torch_rollout import Collector
 
 _torch_dynamo = pytest.importorskip("torch._dynamo")
 # The thread and one worker process: a second worker fails the same way (and costs seconds to start).
@@ -46,8 +47,17 @@ def _collect(placement: dict, compile_policy: bool | dict) -> list:
     make_envs = partial(make_counting_envs, mode=AutoresetMode.SAME_STEP)
     envs, extra = envs_for(placement, make_envs, 3)
     batches = []
-    with Collector(envs, policy, num_steps=8, total_timesteps=8 * 3 * 3, device="cpu", seed=0,
-                   compile_policy=compile_policy, **placement, **extra) as collector:  # fmt: skip
+    with Collector(
+        envs,
+        policy,
+        num_steps=8,
+        total_timesteps=8 * 3 * 3,
+        device="cpu",
+        seed=0,
+        compile_policy=compile_policy,
+        **placement,
+        **extra,
+    ) as collector:
         for batch in collector:
             batches.append(batch)
             with torch.no_grad():  # the trainer's update: one parameter at a time, slowly
@@ -95,8 +105,15 @@ def failing_backend(graph_module: torch.fx.GraphModule, example_inputs: list) ->
 @pytest.mark.parametrize("placement", ONE_LOOP_PLACEMENTS)
 def test_compile_failure_reaches_next_naming_the_option(placement):
     envs, extra = envs_for(placement, make_counting_envs, 2)
-    with Collector(envs, TwoScalePolicy(), num_steps=4, device="cpu", compile_policy={"backend": failing_backend},
-                   **placement, **extra) as collector:  # fmt: skip
+    with Collector(
+        envs,
+        TwoScalePolicy(),
+        num_steps=4,
+        device="cpu",
+        compile_policy={"backend": failing_backend},
+        **placement,
+        **extra,
+    ) as collector:
         with pytest.raises(RuntimeError, match=r"compile_policy=.*no C\+\+ compiler here.*pass compile_policy=False"):
             next(iter(collector))
     if not extra:
@@ -114,8 +131,14 @@ def test_compile_failure_reaches_next_naming_the_option(placement):
 )
 def test_bad_compile_policy_is_refused(compile_policy, error, match):
     with pytest.raises(error, match=re.escape(match)):
-        Collector(make_counting_envs(2), TwoScalePolicy(), num_steps=4, device="cpu", backend="thread",
-                  compile_policy=compile_policy)  # fmt: skip
+        Collector(
+            make_counting_envs(2),
+            TwoScalePolicy(),
+            num_steps=4,
+            device="cpu",
+            backend="thread",
+            compile_policy=compile_policy,
+        )
 
 
 def _recurrent_policy() -> tuple[nn.Module, dict]:
@@ -140,8 +163,17 @@ def test_compiled_recurrent_and_tensordict_policies_give_the_eager_batches(make_
     for compile_policy in (False, {"backend": "aot_eager"}):
         policy, extra = make_policy()
         envs = make_counting_envs(3, AutoresetMode.SAME_STEP)
-        with Collector(envs, policy, num_steps=6, total_timesteps=6 * 3 * 2, device="cpu", seed=0, backend="thread",
-                       compile_policy=compile_policy, **extra) as collector:  # fmt: skip
+        with Collector(
+            envs,
+            policy,
+            num_steps=6,
+            total_timesteps=6 * 3 * 2,
+            device="cpu",
+            seed=0,
+            backend="thread",
+            compile_policy=compile_policy,
+            **extra,
+        ) as collector:
             batches[bool(compile_policy)] = list(collector)
         envs.close()
     for before, after in zip(batches[False], batches[True], strict=True):

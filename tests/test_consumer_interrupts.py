@@ -28,6 +28,8 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from torch.overrides import TorchFunctionMode
 
+from torch_rollout import Collector
+
 from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
 from reliability_envs import (
     GC_ARMED,
@@ -45,7 +47,6 @@ from reliability_envs import (
     wait_until,
     warm_up_multiprocessing,
 )
-from torch_rollout import Collector
 
 TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 SUBPROCESS_TIMEOUT = 180.0  # a fresh interpreter imports torch: slow on a loaded 2-core box
@@ -100,7 +101,7 @@ def test_trainer_raising_without_with_block_then_collector_dropped(cls):
     envs = cls(faulty_fns(2))
 
     def train() -> None:
-        collector = Collector(envs, ConstantPolicy(), num_steps=8, device="cpu", prefetch=2, timeout=TIMEOUT)
+        collector = Collector(envs, ConstantPolicy(), num_steps=8, device="cpu", prefetch=2, timeout=TIMEOUT)  # noqa: F821
         for i, _ in enumerate(collector):
             if i == 1:
                 raise TrainerError("update failed")
@@ -167,7 +168,12 @@ def test_garbage_collected_on_its_own_thread(monkeypatch):
     gc.disable()  # only the collector's thread may find the cycle
     try:
         collector = Collector(
-            "torch_rollout_tests/Faulty-v0", GcPolicy(), num_envs=2, num_steps=8, device="cpu", prefetch=1,
+            "torch_rollout_tests/Faulty-v0",
+            GcPolicy(),
+            num_envs=2,
+            num_steps=8,
+            device="cpu",
+            prefetch=1,
             backend="thread",
         )
         iter(collector)  # starts collecting ahead

@@ -84,7 +84,11 @@ def test_python_block_runs(page, line, code, tmp_path):
     script.write_text(code)
     try:
         result = subprocess.run(
-            [sys.executable, "-W", "error", str(script)], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path
+            [sys.executable, "-W", "error", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            cwd=tmp_path,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where} did not finish within {TIMEOUT_S} s")

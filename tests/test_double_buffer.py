@@ -13,10 +13,11 @@ import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
+from torch_rollout import BatchKeys, Collector, DoubleBufferedVectorEnv, Processes, double_buffered, gym_envs
+
 from counting_env import CountingEnv, CountingPolicy, make_async_counting_envs, make_counting_envs
 from placements import PLACEMENTS, local_ray, on_ray
 from reliability_envs import ConstantPolicy, EnvFault, faulty_vec
-from torch_rollout import BatchKeys, Collector, DoubleBufferedVectorEnv, Processes, double_buffered, gym_envs
 
 TIMEOUT = 60.0  # hang guard for next(); never reached when things work
 N, T, BATCHES = 4, 5, 4
@@ -27,9 +28,16 @@ def collect(envs, placement, *, num_envs=N, batches=BATCHES, policy=None, **kwar
     if on_ray(placement):
         local_ray()
     with Collector(
-        envs, policy or CountingPolicy(deterministic=True), num_envs=num_envs, num_steps=T,
-        total_timesteps=batches * T * num_envs, device="cpu", timeout=TIMEOUT, **placement, **kwargs,
-    ) as collector:  # fmt: skip
+        envs,
+        policy or CountingPolicy(deterministic=True),
+        num_envs=num_envs,
+        num_steps=T,
+        total_timesteps=batches * T * num_envs,
+        device="cpu",
+        timeout=TIMEOUT,
+        **placement,
+        **kwargs,
+    ) as collector:
         return list(collector)
 
 
@@ -112,9 +120,15 @@ def test_the_groups_can_be_given_as_a_live_vector_env_and_are_closed_with_the_co
     envs = DoubleBufferedVectorEnv(groups)
     expected = collect(partial(make_counting_envs, mode=AutoresetMode.NEXT_STEP), {"backend": "thread"}, prefetch=1)
     with Collector(
-        envs, CountingPolicy(deterministic=True), num_steps=T, total_timesteps=BATCHES * T * N, device="cpu",
-        prefetch=1, backend="thread", timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        envs,
+        CountingPolicy(deterministic=True),
+        num_steps=T,
+        total_timesteps=BATCHES * T * N,
+        device="cpu",
+        prefetch=1,
+        backend="thread",
+        timeout=TIMEOUT,
+    ) as collector:
         got = list(collector)
     assert_same_batches(got, expected)
     envs.close()
@@ -166,7 +180,12 @@ def test_an_env_error_in_a_group_reaches_next_with_the_env_named(placement):
 def test_a_killed_group_worker_is_named_and_the_groups_are_shut_down():
     fault = partial(faulty_vec, faulty_index=2, cls=AsyncVectorEnv, fault="sigkill", at=3)
     collector = Collector(
-        double_buffered(fault), ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", timeout=TIMEOUT,
+        double_buffered(fault),
+        ConstantPolicy(),
+        num_envs=N,
+        num_steps=T,
+        device="cpu",
+        timeout=TIMEOUT,
         backend="thread",
     )
     groups = collector.envs.groups
@@ -197,15 +216,21 @@ def test_a_live_vector_env_cannot_be_split_into_groups():
 
 @pytest.mark.parametrize(
     ("num_envs", "num_workers", "message"),
-    [(5, 1, r"num_envs=5 is odd; pass a num_envs that is a multiple of 2"),
-     (6, 2, r"num_envs=6 over 2 workers gives shares of \[3, 3\] envs; pass a num_envs that is a multiple of 4")],
-)  # fmt: skip
+    [
+        (5, 1, r"num_envs=5 is odd; pass a num_envs that is a multiple of 2"),
+        (6, 2, r"num_envs=6 over 2 workers gives shares of \[3, 3\] envs; pass a num_envs that is a multiple of 4"),
+    ],
+)
 def test_each_workers_share_must_split_into_two_equal_groups(num_envs, num_workers, message):
     backend = "thread" if num_workers == 1 else Processes(num_workers)
     with pytest.raises(ValueError, match=message):
         Collector(
-            double_buffered(make_async_counting_envs), ConstantPolicy(), num_envs=num_envs, num_steps=T,
-            device="cpu", backend=backend,
+            double_buffered(make_async_counting_envs),
+            ConstantPolicy(),
+            num_envs=num_envs,
+            num_steps=T,
+            device="cpu",
+            backend=backend,
         )
 
 
@@ -213,8 +238,12 @@ def test_groups_that_cannot_step_asynchronously_are_refused_with_the_fix():
     refused = r"groups\[0\] is .*SyncVectorEnv.* has no reset_async, reset_wait, step_async, step_wait.*mode='async'"
     with pytest.raises(TypeError, match=refused):
         Collector(
-            double_buffered(gym_envs("CartPole-v1", vectorization_mode="sync")), ConstantPolicy(), num_envs=4,
-            num_steps=T, device="cpu", backend="thread",
+            double_buffered(gym_envs("CartPole-v1", vectorization_mode="sync")),
+            ConstantPolicy(),
+            num_envs=4,
+            num_steps=T,
+            device="cpu",
+            backend="thread",
         )
 
 
@@ -238,9 +267,10 @@ def test_a_wrapped_double_buffered_env_is_refused_with_the_fix():
     assert envs.autoreset_mode == envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
     wrapped = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     try:
-        refused = re.escape(
-            "envs is RecordEpisodeStatistics around a DoubleBufferedVectorEnv of 2 groups of 2 envs"
-        ) + r".*pass it unwrapped, or pass its envs as one vector env \(not double_buffered\)"
+        refused = (
+            re.escape("envs is RecordEpisodeStatistics around a DoubleBufferedVectorEnv of 2 groups of 2 envs")
+            + r".*pass it unwrapped, or pass its envs as one vector env \(not double_buffered\)"
+        )
         with pytest.raises(TypeError, match=refused):
             Collector(wrapped, ConstantPolicy(), num_steps=T, device="cpu", backend="thread")
     finally:

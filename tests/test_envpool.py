@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from placements import LOCAL_PLACEMENTS
 from torch_rollout import BatchKeys, Collector, envpool_envs
 from torch_rollout._envpool import EnvPoolVectorEnv
+
+from placements import LOCAL_PLACEMENTS
 
 TIMEOUT = 60.0
 N, T, LIMIT, SEED = 4, 32, 20, 3
@@ -51,7 +52,7 @@ def own_pool(num_envs: int, **kwargs) -> gymnasium.vector.VectorEnv:
     with warnings.catch_warnings():  # EnvPool's spaces warn when first read, which its reset() does
         warnings.filterwarnings("ignore", message=".*Box (low|high)'s precision lowered")
         pool = envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, **kwargs)
-        pool.observation_space
+        _ = pool.observation_space  # built here, under the filter
     return pool
 
 
@@ -61,9 +62,17 @@ def value_of(obs: torch.Tensor) -> torch.Tensor:
 
 def collect(placement: dict, *, seed: int | None = SEED, batches: int = 2, **kwargs) -> torch.Tensor:
     with Collector(
-        envpool_envs("CartPole-v1", max_episode_steps=LIMIT), Recentre(), num_envs=N, num_steps=T,
-        total_timesteps=batches * T * N, seed=seed, device="cpu", timeout=TIMEOUT, **placement, **kwargs,
-    ) as collector:  # fmt: skip
+        envpool_envs("CartPole-v1", max_episode_steps=LIMIT),
+        Recentre(),
+        num_envs=N,
+        num_steps=T,
+        total_timesteps=batches * T * N,
+        seed=seed,
+        device="cpu",
+        timeout=TIMEOUT,
+        **placement,
+        **kwargs,
+    ) as collector:
         return torch.cat(list(collector))  # [batches * T, N]
 
 
@@ -136,9 +145,15 @@ def test_a_termination_at_the_time_limit_is_reported_truncated_only(thread_batch
     ends_at = int(thread_batches["episode_length"][t, env])
     # The same seed and policy with the time limit at that step: the same episode, ended by both.
     with Collector(
-        envpool_envs("CartPole-v1", max_episode_steps=ends_at), Recentre(), num_envs=N, num_steps=t + 2,
-        total_timesteps=(t + 2) * N, seed=SEED, device="cpu", backend="thread",
-    ) as collector:  # fmt: skip
+        envpool_envs("CartPole-v1", max_episode_steps=ends_at),
+        Recentre(),
+        num_envs=N,
+        num_steps=t + 2,
+        total_timesteps=(t + 2) * N,
+        seed=SEED,
+        device="cpu",
+        backend="thread",
+    ) as collector:
         batch = next(iter(collector))
     assert torch.equal(batch["obs"][: t + 2, env], thread_batches["obs"][: t + 2, env])
     assert batch["truncated"][t, env] and not batch["terminated"][t, env]
@@ -152,12 +167,12 @@ def test_a_resumed_collector_reseeds_the_pools(envpool):
     # (it imports EnvPool), so this runs on the thread only.
     with Collector(
         envpool_envs("CartPole-v1"), Recentre(), num_envs=N, num_steps=T, seed=SEED, device="cpu", backend="thread"
-    ) as first:  # fmt: skip
+    ) as first:
         started = next(first)
         state = first.state_dict()
     with Collector(
         envpool_envs("CartPole-v1"), Recentre(), num_envs=N, num_steps=T, seed=SEED, device="cpu", backend="thread"
-    ) as resumed:  # fmt: skip
+    ) as resumed:
         resumed.load_state_dict(state)
         batch = next(resumed)
     # The second collector over SEED resets env j with SEED + N + j (EnvPool's pools are built anew for it).
@@ -196,9 +211,14 @@ def test_async_mode_is_left_to_pools_the_user_makes(envpool):
     pool.close()
     # In sync mode batch_size may be given as num_envs.
     with Collector(
-        envpool_envs("CartPole-v1", batch_size=4), Recentre(), num_envs=4, num_steps=2, total_timesteps=8,
-        device="cpu", backend="thread",
-    ) as collector:  # fmt: skip
+        envpool_envs("CartPole-v1", batch_size=4),
+        Recentre(),
+        num_envs=4,
+        num_steps=2,
+        total_timesteps=8,
+        device="cpu",
+        backend="thread",
+    ) as collector:
         assert next(iter(collector)).batch_size == (2, 4)
 
 
@@ -245,7 +265,7 @@ def test_only_envpools_box_precision_warnings_are_quieted(envpool):
         warnings.simplefilter("error")
         envs = envpool_envs("CartPole-v1")(2)
         envs.reset(seed=0)
-        envs.single_observation_space, envs.observation_space
+        _ = envs.single_observation_space, envs.observation_space
         envs.close()
         assert isinstance(EnvPoolVectorEnv("Pendulum-v1", 2).single_action_space, gymnasium.spaces.Box)
     # The user's own Boxes still warn.

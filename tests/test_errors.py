@@ -12,14 +12,14 @@ import threading
 import traceback
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
-from counting_env import CountingEnv, CountingPolicy, make_counting_envs
 from torch_rollout import GAE, Collector
+
+from counting_env import CountingEnv, CountingPolicy, make_counting_envs
 
 
 def collector_threads() -> list[threading.Thread]:
@@ -63,11 +63,28 @@ def first_batch(policy, *, envs=None, **kwargs):
         ({"num_steps": True}, TypeError, "Collector: num_steps must be an int >= 1, got bool True"),
         ({"num_steps": 4, "prefetch": -1}, ValueError, "Collector: prefetch must be an int >= 0, got -1"),
         ({"num_steps": 4, "total_timesteps": 0}, ValueError, "Collector: total_timesteps must be an int >= 1, got 0"),
-        ({"num_steps": 4, "gae": 0.99}, TypeError, "Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got float 0.99"),
-        ({"num_steps": 4, "keys": "obs"}, TypeError, "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got str 'obs'"),
+        (
+            {"num_steps": 4, "gae": 0.99},
+            TypeError,
+            "Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got float 0.99",
+        ),
+        (
+            {"num_steps": 4, "keys": "obs"},
+            TypeError,
+            "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got str 'obs'",
+        ),
         ({"num_steps": 4, "gamma": 1.5}, TypeError, "Collector: gamma= is now gae=torch_rollout.GAE(gamma=1.5)"),
-        ({"num_steps": 4, "info_keys": ("x",), "obs_key": "o"}, TypeError, "Collector: info_keys= is now keys=torch_rollout.BatchKeys(info_keys=('x',)); obs_key= is now keys=torch_rollout.BatchKeys(obs_key='o')"),
-        ({"num_steps": 4, "timeout": 0}, ValueError, "Collector: timeout must be a positive number of seconds or None, got 0"),
+        (
+            {"num_steps": 4, "info_keys": ("x",), "obs_key": "o"},
+            TypeError,
+            "Collector: info_keys= is now keys=torch_rollout.BatchKeys(info_keys=('x',)); "
+            "obs_key= is now keys=torch_rollout.BatchKeys(obs_key='o')",
+        ),
+        (
+            {"num_steps": 4, "timeout": 0},
+            ValueError,
+            "Collector: timeout must be a positive number of seconds or None, got 0",
+        ),
         ({"num_steps": 4, "num_envs": 3}, ValueError, "Collector: num_envs=3 but the given vector env has num_envs=2"),
     ],
     ids=lambda x: x if isinstance(x, str) else None,
@@ -96,7 +113,9 @@ def test_bad_gae_arguments(kwargs, message):
 def test_collector_has_at_most_15_parameters_and_old_keywords_name_their_new_spelling():
     assert len(inspect.signature(Collector).parameters) <= 15
     envs = make_counting_envs(2)
-    with pytest.raises(TypeError, match=re.escape("Collector: double_buffer= is now envs=torch_rollout.double_buffered(")):
+    with pytest.raises(
+        TypeError, match=re.escape("Collector: double_buffer= is now envs=torch_rollout.double_buffered(")
+    ):
         Collector(envs, CountingPolicy(), num_steps=4, device="cpu", double_buffer=True)
     assert not envs.closed  # refused before anything was built or claimed
     with Collector(envs, CountingPolicy(), num_steps=4, device="cpu", backend="thread") as collector:
@@ -107,9 +126,17 @@ def test_collector_has_at_most_15_parameters_and_old_keywords_name_their_new_spe
 def test_bad_envs_and_policy_arguments():
     with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='NoSuchEnv-v0'")):
         Collector("NoSuchEnv-v0", CountingPolicy(), num_envs=2, num_steps=4)
-    with pytest.raises(ValueError, match=re.escape("Collector: num_envs is required with an env id or a function (envs='CartPole-v1')")):
+    with pytest.raises(
+        ValueError, match=re.escape("Collector: num_envs is required with an env id or a function (envs='CartPole-v1')")
+    ):
         Collector("CartPole-v1", CountingPolicy(), num_steps=4)
-    with pytest.raises(TypeError, match=re.escape("Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function make_envs(num_envs) -> VectorEnv, got CountingEnv (wrap a single env")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
+            "make_envs(num_envs) -> VectorEnv, got CountingEnv (wrap a single env"
+        ),
+    ):
         Collector(CountingEnv(), CountingPolicy(), num_steps=4)
     envs = make_counting_envs(2)
     with pytest.raises(TypeError, match=re.escape("Collector: policy must be a torch.nn.Module, got function")):
@@ -129,7 +156,9 @@ def test_unsupported_spaces_are_named():
             self.action_space = gym.spaces.Text(5)
 
     envs = SyncVectorEnv([TupleObs])
-    with pytest.raises(TypeError, match=re.escape("Collector: unsupported observation_space Tuple(Discrete(2)); expected Box")):
+    with pytest.raises(
+        TypeError, match=re.escape("Collector: unsupported observation_space Tuple(Discrete(2)); expected Box")
+    ):
         Collector(envs, CountingPolicy(), num_steps=4, device="cpu")
     envs.close()
     envs = SyncVectorEnv([TextAction])
@@ -141,7 +170,12 @@ def test_unsupported_spaces_are_named():
 def test_lockstep_policy_on_another_device_is_an_error():
     policy = CountingPolicy().to("meta")
     envs = make_counting_envs(1)
-    with pytest.raises(ValueError, match=re.escape("Collector: with prefetch=0 the policy runs as given, but its tensor 'scale' is on meta, not on device=cpu")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "Collector: with prefetch=0 the policy runs as given, but its tensor 'scale' is on meta, not on device=cpu"
+        ),
+    ):
         Collector(envs, policy, num_steps=4, prefetch=0, device="cpu")
     envs.close()
 
@@ -153,24 +187,58 @@ def test_lockstep_policy_on_another_device_is_an_error():
 @pytest.mark.parametrize(
     "fn, error, message",
     [
-        (lambda obs: {"value": torch.zeros(obs.shape[0]), "logits": torch.zeros(obs.shape[0], 3)}, ValueError,
-         "Collector: policy output has no 'action' key; it returned keys ['logits', 'value']"),
-        (lambda obs: torch.zeros(obs.shape[0]), TypeError,
-         "Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, got Tensor"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0] + 1, dtype=torch.long)}, ValueError,
-         "Collector: policy output 'action' has shape (3,), expected a leading size of 2 (one row per env)"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0], 1, dtype=torch.long)}, ValueError,
-         "Collector: policy output 'action' has shape (2, 1), expected (2,) (num_envs, *action_space.shape)"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0])}, TypeError,
-         "Collector: policy output 'action' has dtype torch.float32, expected an integer dtype for Discrete(3)"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": torch.zeros(obs.shape[0], 2)},
-         ValueError, "Collector: policy output 'value' has shape (2, 2) and dtype torch.float32, expected a floating-point tensor of shape (2,) or (2, 1)"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": [0.0, 0.0]}, TypeError,
-         "Collector: policy output 'value' must be a torch.Tensor of shape [2, ...], got list"),
-        (lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "h": torch.zeros(())}, ValueError,
-         "Collector: policy output 'h' has shape (), expected a leading size of 2"),
+        (
+            lambda obs: {"value": torch.zeros(obs.shape[0]), "logits": torch.zeros(obs.shape[0], 3)},
+            ValueError,
+            "Collector: policy output has no 'action' key; it returned keys ['logits', 'value']",
+        ),
+        (
+            lambda obs: torch.zeros(obs.shape[0]),
+            TypeError,
+            "Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, got Tensor",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0] + 1, dtype=torch.long)},
+            ValueError,
+            "Collector: policy output 'action' has shape (3,), expected a leading size of 2 (one row per env)",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], 1, dtype=torch.long)},
+            ValueError,
+            "Collector: policy output 'action' has shape (2, 1), expected (2,) (num_envs, *action_space.shape)",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0])},
+            TypeError,
+            "Collector: policy output 'action' has dtype torch.float32, expected an integer dtype for Discrete(3)",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": torch.zeros(obs.shape[0], 2)},
+            ValueError,
+            "Collector: policy output 'value' has shape (2, 2) and dtype torch.float32, expected a floating-point "
+            "tensor of shape (2,) or (2, 1)",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": [0.0, 0.0]},
+            TypeError,
+            "Collector: policy output 'value' must be a torch.Tensor of shape [2, ...], got list",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "h": torch.zeros(())},
+            ValueError,
+            "Collector: policy output 'h' has shape (), expected a leading size of 2",
+        ),
     ],
-    ids=["no-action", "not-mapping", "action-rows", "action-shape", "action-dtype", "value-shape", "not-tensor", "scalar"],
+    ids=[
+        "no-action",
+        "not-mapping",
+        "action-rows",
+        "action-shape",
+        "action-dtype",
+        "value-shape",
+        "not-tensor",
+        "scalar",
+    ],
 )
 def test_bad_policy_outputs(fn, error, message, prefetch):
     with pytest.raises(error, match=re.escape(message)):
@@ -199,9 +267,15 @@ gym.register("TorchRolloutFailing-v0", entry_point=FailingEnv)
 @pytest.mark.parametrize("prefetch", [0, 1, 3], ids=lambda p: f"prefetch{p}")
 def test_env_error_reaches_consumer_with_traceback(prefetch):
     # The env id is registered in this process only: the thread (workers would not know it).
-    collector = Collector("TorchRolloutFailing-v0", CountingPolicy(), num_envs=2, num_steps=4, prefetch=prefetch,
-                          backend="thread",
-                          device="cpu")
+    collector = Collector(
+        "TorchRolloutFailing-v0",
+        CountingPolicy(),
+        num_envs=2,
+        num_steps=4,
+        prefetch=prefetch,
+        backend="thread",
+        device="cpu",
+    )
     batches = []
     with pytest.raises(EnvFailure, match="env broke with code 42") as info:
         for batch in collector:
@@ -212,7 +286,12 @@ def test_env_error_reaches_consumer_with_traceback(prefetch):
     assert len(batches) == 1  # the first 4 steps arrived before the failure
     assert collector.closed and collector.envs.closed
     assert not collector._placement.thread.is_alive()
-    with pytest.raises(RuntimeError, match=re.escape("Collector: cannot iterate after the background collection failed with EnvFailure: env broke with code 42")):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            "Collector: cannot iterate after the background collection failed with EnvFailure: env broke with code 42"
+        ),
+    ):
         next(collector)
 
 
@@ -251,8 +330,9 @@ def test_break_inside_with_leaves_no_thread():
 
 
 def test_garbage_collection_closes():
-    collector = Collector("TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=4, device="cpu",
-                          backend="thread")
+    collector = Collector(
+        "TorchRolloutCounting-v0", CountingPolicy(), num_envs=2, num_steps=4, device="cpu", backend="thread"
+    )
     next(collector)
     envs = collector.envs
     del collector

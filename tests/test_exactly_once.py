@@ -17,6 +17,8 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import nn
 
+from torch_rollout import Collector
+
 from placements import PLACEMENTS, envs_for
 from reliability_envs import (
     AUTORESET_MODES,
@@ -28,7 +30,6 @@ from reliability_envs import (
     counting_vec,
     take,
 )
-from torch_rollout import Collector
 
 TIMEOUT = 60.0
 FAULTY = partial(gymnasium.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement
@@ -78,8 +79,16 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls, placement):
     received: dict[str, list[torch.Tensor]] = {key: [] for key in expected_transitions(0, 1)[0]}
     masks = []
     with Collector(
-        envs, CountingPolicy(), num_steps=T, device="cpu", prefetch=prefetch, total_timesteps=N * T * BATCHES,
-        seed=0, timeout=TIMEOUT, **placement, **extra,
+        envs,
+        CountingPolicy(),
+        num_steps=T,
+        device="cpu",
+        prefetch=prefetch,
+        total_timesteps=N * T * BATCHES,
+        seed=0,
+        timeout=TIMEOUT,
+        **placement,
+        **extra,
     ) as collector:
         for b, batch in enumerate(collector):
             # Refreshes in the middle of iterations too, not only the one next() does.
@@ -133,8 +142,15 @@ def test_no_row_mixes_two_weight_versions(prefetch, placement):
     refreshes_of = {0: 0}  # policy_version -> refreshes by next() when it was made
     seen_versions: list[int] = []
     with Collector(
-        envs, policy, num_steps=8, device="cpu", prefetch=prefetch, total_timesteps=2 * 8 * num_batches,
-        timeout=TIMEOUT, **placement, **extra,
+        envs,
+        policy,
+        num_steps=8,
+        device="cpu",
+        prefetch=prefetch,
+        total_timesteps=2 * 8 * num_batches,
+        timeout=TIMEOUT,
+        **placement,
+        **extra,
     ) as collector:
         for b, batch in enumerate(collector):
             # next() refreshed the inference copy from the trainer's weights, which are `value` now.

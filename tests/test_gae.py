@@ -48,7 +48,9 @@ def test_matches_float64_reference(shape, done_density, gamma, gae_lambda):
     torch.testing.assert_close(return_.double(), ref_return, rtol=1e-5, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)]
+)
 def test_keeps_dtype(dtype, tol):
     generator = torch.Generator().manual_seed(0)
     inputs = random_inputs((64, 4), 0.05, dtype, generator)
@@ -105,6 +107,8 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match=re.escape("with T >= 1, got shape (0, 2)")):
         empty = torch.zeros(0, 2)
         compute_gae(empty, empty, empty, empty.bool(), empty.bool(), gamma=0.9, gae_lambda=0.9)
-    with pytest.raises(TypeError, match=re.escape("compute_gae: value must be a floating-point tensor, got dtype torch.int64")):
+    with pytest.raises(
+        TypeError, match=re.escape("compute_gae: value must be a floating-point tensor, got dtype torch.int64")
+    ):
         ints = torch.zeros(4, 2, dtype=torch.long)
         compute_gae(x, ints, ints, done, done, gamma=0.9, gae_lambda=0.9)

@@ -19,6 +19,8 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import nn
 
+from torch_rollout import Collector
+
 from counting_env import make_counting_envs
 from placements import PLACEMENTS, envs_for
 from reliability_envs import (
@@ -34,7 +36,6 @@ from reliability_envs import (
     faulty_vec,
     make_vec,
 )
-from torch_rollout import Collector
 
 TIMEOUT = 60.0
 FAULTY = partial(gym.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement

@@ -12,9 +12,10 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
+from torch_rollout import BatchKeys, Collector
+
 from placements import PLACEMENTS, envs_for
 from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy
-from torch_rollout import BatchKeys, Collector
 
 N, T, BATCHES = 3, 7, 4  # T is prime to every episode length: episode ends fall on batch boundaries too
 TIMEOUT = 60.0
@@ -67,9 +68,17 @@ INFO_KEYS = {"k": None, "flags": None, "ended": {"length": 0, "sum": 0.0}, "epis
 def collect(placement: dict, mode: AutoresetMode, **kwargs: Any) -> list:
     envs, extra = envs_for(placement, partial(info_vec, mode=mode), N)
     with Collector(
-        envs, CountingPolicy(), num_steps=T, total_timesteps=T * N * BATCHES, device="cpu", seed=0,
-        timeout=TIMEOUT, **placement, **extra, **kwargs,
-    ) as collector:  # fmt: skip
+        envs,
+        CountingPolicy(),
+        num_steps=T,
+        total_timesteps=T * N * BATCHES,
+        device="cpu",
+        seed=0,
+        timeout=TIMEOUT,
+        **placement,
+        **extra,
+        **kwargs,
+    ) as collector:
         return [batch.clone() for batch in collector]
 
 
@@ -97,12 +106,16 @@ def test_infos_are_those_of_each_rows_step(mode, placement):
         raw_return = length * (2 * k - length + 1) / 2  # k, k - 1, ..., k - length + 1: the env's rewards
         for key in stats:
             assert torch.equal(info["_" + key], done), key
-            for sub, want in [("length", length), ("sum", raw_return)] if key == "ended" else [("l", length), ("r", raw_return)]:
+            for sub, want in (
+                [("length", length), ("sum", raw_return)] if key == "ended" else [("l", length), ("r", raw_return)]
+            ):
                 assert torch.equal(info[key, sub].float(), torch.where(done, want, 0.0)), (key, sub)
         assert info["episode", "r"].dtype == torch.float32 and info["episode", "l"].dtype == torch.int64
         assert (info["episode", "t"][done] >= 0).all()
     # NormalizeReward scales the collector's episode_return, not the env's return kept by the info.
-    rows = [(b["info", "episode", "r"][b["info", "_episode"]], b["episode_return"][b["info", "_episode"]]) for b in batches]
+    rows = [
+        (b["info", "episode", "r"][b["info", "_episode"]], b["episode_return"][b["info", "_episode"]]) for b in batches
+    ]
     raw, scaled = (torch.cat(x) for x in zip(*rows))
     assert raw.numel() >= 10 and not torch.allclose(raw, scaled)
 
@@ -113,13 +126,21 @@ def test_info_key_that_the_env_never_gives_is_named(placement):
     message = (
         re.escape("Collector: info_keys names 'is_success', but the infos of envs ")
         + r"\d\.\.\d"  # a worker's share
-        + re.escape(" have no 'is_success' at their first reset and first step (their keys: ['flags', 'k']); for an info")
+        + re.escape(
+            " have no 'is_success' at their first reset and first step (their keys: ['flags', 'k']); for an info"
+        )
     )
     with pytest.raises(ValueError, match=message):
         collector = Collector(
-            envs, CountingPolicy(), num_steps=T, device="cpu", timeout=TIMEOUT, keys=BatchKeys(info_keys=("k", "is_success")),
-            **placement, **extra,
-        )  # fmt: skip
+            envs,
+            CountingPolicy(),
+            num_steps=T,
+            device="cpu",
+            timeout=TIMEOUT,
+            keys=BatchKeys(info_keys=("k", "is_success")),
+            **placement,
+            **extra,
+        )
         with collector:
             next(iter(collector))
     if placement["backend"] == "thread":
@@ -140,7 +161,9 @@ def test_info_whose_structure_changes_is_named():
         "Collector: envs.step() returned info 'x' for env 1 as dtype float64[2], but its structure was fixed as "
         "float32 when collection started"
     )
-    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["x"])) as collector:
+    with Collector(
+        envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["x"])
+    ) as collector:
         with pytest.raises(ValueError, match=re.escape(message)):
             next(iter(collector))
     envs.close()
@@ -148,10 +171,16 @@ def test_info_whose_structure_changes_is_named():
 
 def test_episode_info_comes_with_its_structure_before_any_episode_ended():
     envs = gymnasium.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv([partial(CountingEnv, i) for i in range(2)]))
-    with Collector(envs, CountingPolicy(), num_steps=1, device="cpu", backend="thread", keys=BatchKeys(info_keys=["episode"])) as c:
+    with Collector(
+        envs, CountingPolicy(), num_steps=1, device="cpu", backend="thread", keys=BatchKeys(info_keys=["episode"])
+    ) as c:
         info = next(iter(c))["info"]
     assert not info["_episode"].any() and info["episode"].batch_size == (1, 2)
-    assert {key: info["episode", key].dtype for key in "rlt"} == {"r": torch.float32, "l": torch.int64, "t": torch.float32}
+    assert {key: info["episode", key].dtype for key in "rlt"} == {
+        "r": torch.float32,
+        "l": torch.int64,
+        "t": torch.float32,
+    }
     envs.close()
 
 
@@ -170,7 +199,14 @@ def test_episode_info_comes_with_its_structure_before_any_episode_ended():
 )
 def test_bad_info_keys_are_named(info_keys, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        Collector("CartPole-v1", CountingPolicy(), num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(info_keys=info_keys))
+        Collector(
+            "CartPole-v1",
+            CountingPolicy(),
+            num_envs=1,
+            num_steps=1,
+            backend="thread",
+            keys=BatchKeys(info_keys=info_keys),
+        )
 
 
 class TextInfoEnv(CountingEnv):
@@ -182,7 +218,9 @@ class TextInfoEnv(CountingEnv):
 def test_info_that_is_not_a_number_is_named():
     envs = SyncVectorEnv([partial(TextInfoEnv, i) for i in range(2)])
     message = "Collector: info 'name' holds str values (a NumPy object array); the batch keeps numbers"
-    with Collector(envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["name"])) as collector:
+    with Collector(
+        envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["name"])
+    ) as collector:
         with pytest.raises(TypeError, match=re.escape(message)):
             next(iter(collector))
     envs.close()

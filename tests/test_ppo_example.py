@@ -120,9 +120,13 @@ def test_command_line_reports_config_errors(ppo, capsys):
 
 def test_help_lists_every_config_key_with_its_default_and_description(ppo):
     result = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [sys.executable, "-W", "error", str(SCRIPT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
         env={**os.environ, "COLUMNS": "80"},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())  # descriptions are wrapped to the terminal's width
     source = SCRIPT.read_text()
@@ -191,9 +195,14 @@ def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
 
 
 TENSORBOARD_TAGS = [
-    "charts/episodic_return", "charts/SPS", "charts/learning_rate",
-    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl",
-]  # fmt: skip
+    "charts/episodic_return",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+]
 
 
 def test_track_tensorboard_writes_grouped_scalars_into_the_run_folder(ppo, tmp_path):
@@ -259,13 +268,19 @@ def test_capture_video_records_an_evaluation_episode_after_training_and_with_eva
 @pytest.mark.parametrize(
     ("missing", "message"),
     [
-        ("moviepy", "capture_video=true needs moviepy, which is not installed: pip install 'torch_rollout[examples]'"
-         " (or pip install moviepy)"),
-        ("pygame", "capture_video=true: CartPole-v1 cannot render the frames to record: pygame is not installed, run "
-         '`pip install "gymnasium[classic-control]"`'),
+        (
+            "moviepy",
+            "capture_video=true needs moviepy, which is not installed: pip install 'torch_rollout[examples]'"
+            " (or pip install moviepy)",
+        ),
+        (
+            "pygame",
+            "capture_video=true: CartPole-v1 cannot render the frames to record: pygame is not installed, run "
+            '`pip install "gymnasium[classic-control]"`',
+        ),
     ],
     ids=["moviepy", "pygame"],
-)  # fmt: skip
+)
 def test_capture_video_without_a_dependency_fails_at_start_naming_the_fix(
     ppo, tmp_path, monkeypatch, capsys, missing, message
 ):
@@ -296,9 +311,13 @@ def test_a_run_stopped_by_ctrl_c_resumes_to_the_same_final_step_with_a_continuou
     args = [f"total_timesteps={batch * iterations}", "num_envs=4", "num_steps=32", f"run_dir={run_dir}"]
     args += [f"backend={backend}", "checkpoint_every=2", "prefetch=1"]
     proc = subprocess.Popen(
-        [sys.executable, "-W", "error", str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-W", "error", str(SCRIPT), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -354,9 +373,13 @@ def test_resume_carries_the_optimizer_and_schedule_on_and_refuses_a_finished_run
 def test_normalize_reward_in_worker_processes_logs_the_envs_own_returns(tmp_path):
     run_dir = tmp_path / "run"
     run_script(
-        "normalize_reward=true", "backend=process", "num_envs=2", "num_steps=64", "total_timesteps=512",
+        "normalize_reward=true",
+        "backend=process",
+        "num_envs=2",
+        "num_steps=64",
+        "total_timesteps=512",
         f"run_dir={run_dir}",
-    )  # fmt: skip
+    )
     with open(run_dir / "progress.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["charts/episodes"]) > 0]
     assert rows
@@ -381,9 +404,14 @@ def test_smoke_recurrent_config_train_then_eval(tmp_path):
     run_dir = tmp_path / "run"
     # 2 iterations of 2 envs x 16 steps, in a worker process, then --eval with the LSTM's state
     out = run_script(
-        "--config", str(CONFIGS / "ppo_cartpole_novel_lstm.yaml"), "total_timesteps=64", "num_envs=2",
-        "num_steps=16", "backend=process", f"run_dir={run_dir}",
-    )  # fmt: skip
+        "--config",
+        str(CONFIGS / "ppo_cartpole_novel_lstm.yaml"),
+        "total_timesteps=64",
+        "num_envs=2",
+        "num_steps=16",
+        "backend=process",
+        f"run_dir={run_dir}",
+    )
     assert re.search(r"final mean return \(last \d+ episodes\): ", out)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["model"]["lstm.weight_ih"].shape == (4 * 64, 2)  # position and angle only
@@ -399,8 +427,17 @@ def test_recurrent_agent_replays_the_batch_it_collected(ppo):
     torch.manual_seed(0)
     envs = ppo.make_envs(cfg, cfg.num_envs)
     agent = ppo.make_agent(envs.single_observation_space, envs.single_action_space, cfg)
-    with Collector(envs, agent, num_steps=cfg.num_steps, total_timesteps=3 * 48 * 2, device="cpu", seed=0,
-                   backend="thread", prefetch=1, initial_state=agent.initial_state) as collector:  # fmt: skip
+    with Collector(
+        envs,
+        agent,
+        num_steps=cfg.num_steps,
+        total_timesteps=3 * 48 * 2,
+        device="cpu",
+        seed=0,
+        backend="thread",
+        prefetch=1,
+        initial_state=agent.initial_state,
+    ) as collector:
         batches = list(collector)
     envs.close()
     assert batches[0]["obs"].shape == (48, 3, 2) and batches[0]["h"].shape == (48, 3, 8)

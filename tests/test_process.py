@@ -20,11 +20,12 @@ import gymnasium
 import pytest
 import torch
 
-from counting_env import CountingPolicy, make_counting_envs
-from placements import PLACEMENTS, local_ray, on_ray
-from reliability_envs import EnvFault, PolicyFault, RaisingPolicy, ConstantPolicy, Snapshot, take, wait_until
 from torch_rollout import Collector, Processes, gym_envs
 from torch_rollout._envs import RemoteTraceback
+
+from counting_env import CountingPolicy, make_counting_envs
+from placements import PLACEMENTS, local_ray, on_ray
+from reliability_envs import ConstantPolicy, EnvFault, PolicyFault, RaisingPolicy, Snapshot, take, wait_until
 
 TIMEOUT = 60.0
 TESTS = Path(__file__).resolve().parent
@@ -127,9 +128,16 @@ def test_batches_are_not_overwritten_by_later_collection():
     """The slot a batch was copied from is reused prefetch + 1 batches later: the delivered copy keeps its rows."""
     recipe = functools.partial(make_counting_envs, start_index=0)
     with Collector(
-        recipe, CountingPolicy(deterministic=True), num_envs=2, num_steps=5, total_timesteps=2 * 5 * 8,
-        device="cpu", backend="process", prefetch=1, timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        recipe,
+        CountingPolicy(deterministic=True),
+        num_envs=2,
+        num_steps=5,
+        total_timesteps=2 * 5 * 8,
+        device="cpu",
+        backend="process",
+        prefetch=1,
+        timeout=TIMEOUT,
+    ) as collector:
         batches = list(collector)
         snapshots = [batch.clone() for batch in batches]
     for batch, snapshot in zip(batches, snapshots):
@@ -147,9 +155,12 @@ def test_bad_recipes_and_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector(backend='process'): envs is a live SyncVectorEnv")):
         Collector(envs, CartPolePolicy(), num_steps=4, backend="process")
     envs.close()
-    with pytest.raises(TypeError, match=r"Collector: envs=<function .*<lambda>.* cannot be pickled for a worker process"):
-        Collector(lambda n: gymnasium.make_vec("CartPole-v1", n), CartPolePolicy(), num_envs=2, num_steps=4,
-                  backend="process")  # fmt: skip
+    with pytest.raises(
+        TypeError, match=r"Collector: envs=<function .*<lambda>.* cannot be pickled for a worker process"
+    ):
+        Collector(
+            lambda n: gymnasium.make_vec("CartPole-v1", n), CartPolePolicy(), num_envs=2, num_steps=4, backend="process"
+        )
 
     class Local(torch.nn.Module):
         def forward(self, obs):
@@ -159,13 +170,20 @@ def test_bad_recipes_and_arguments_are_named():
         Collector("CartPole-v1", Local(), num_envs=2, num_steps=4, backend="process")
     with pytest.raises(ValueError, match=re.escape("Collector: num_workers=3 is more than num_envs=2")):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend=Processes(3))
-    with pytest.raises(TypeError, match=re.escape("Collector: num_workers= is now backend=torch_rollout.Processes(num_workers=2)")):
+    with pytest.raises(
+        TypeError, match=re.escape("Collector: num_workers= is now backend=torch_rollout.Processes(num_workers=2)")
+    ):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="thread", num_workers=2)
     with pytest.raises(ValueError, match=re.escape("Processes: num_workers must be an int >= 1, got 0")):
         Processes(0)
-    with pytest.raises(ValueError, match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process', 'ray'], got 'dask'")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("Collector: backend must be one of ['auto', 'thread', 'process', 'ray'], got 'dask'"),
+    ):
         Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, backend="dask")
-    with pytest.raises(TypeError, match=re.escape("Collector: env_kwargs= is now envs=torch_rollout.gym_envs(env_id, **{'x': 1})")):
+    with pytest.raises(
+        TypeError, match=re.escape("Collector: env_kwargs= is now envs=torch_rollout.gym_envs(env_id, **{'x': 1})")
+    ):
         Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
 
 
@@ -182,16 +200,23 @@ def test_auto_chooses_processes_for_a_cpu_policy_with_a_recipe_else_the_thread()
 
 def test_env_kwargs_reach_every_worker():
     with Collector(
-        gym_envs(FAULTY, episode_length=2), ConstantPolicy(), num_envs=4, num_steps=3, backend=Processes(2),
-        total_timesteps=4 * 3 * 2, timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        gym_envs(FAULTY, episode_length=2),
+        ConstantPolicy(),
+        num_envs=4,
+        num_steps=3,
+        backend=Processes(2),
+        total_timesteps=4 * 3 * 2,
+        timeout=TIMEOUT,
+    ) as collector:
         batch = torch.cat(list(collector))
     assert (batch["episode_length"][batch["done"]] == 2).all() and batch["done"].any()
 
 
 def test_env_registered_only_in_the_trainer_is_explained():
     gymnasium.register("TorchRolloutTrainerOnly-v0", entry_point="reliability_envs:FaultyEnv")
-    with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='TorchRolloutTrainerOnly-v0'")) as info:
+    with pytest.raises(
+        ValueError, match=re.escape("Collector: unknown env id envs='TorchRolloutTrainerOnly-v0'")
+    ) as info:
         Collector("TorchRolloutTrainerOnly-v0", ConstantPolicy(), num_envs=2, num_steps=4, backend="process")
     assert "module:EnvName-v0" in str(info.value)
 
@@ -217,9 +242,13 @@ def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named)
         local_ray()  # its workers import the tests' env modules
     snapshot = Snapshot()
     collector = Collector(
-        gym_envs(FAULTY, fault="step_raises", at=7), ConstantPolicy(), num_envs=2, num_steps=4,
-        timeout=TIMEOUT, **placement,
-    )  # fmt: skip
+        gym_envs(FAULTY, fault="step_raises", at=7),
+        ConstantPolicy(),
+        num_envs=2,
+        num_steps=4,
+        timeout=TIMEOUT,
+        **placement,
+    )
     delivered = 0
     with pytest.raises(EnvFault, match=re.escape("step 7 of env 0 failed")) as info:
         for _ in take(collector):
@@ -255,8 +284,14 @@ def test_error_while_building_envs_is_raised_by_the_constructor(placement):
     if on_ray(placement):
         local_ray()  # its workers import the tests' env modules
     with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), num_envs=2, num_steps=4,
-                  timeout=TIMEOUT, **placement)  # fmt: skip
+        Collector(
+            gym_envs(FAULTY, fault="reset_raises"),
+            ConstantPolicy(),
+            num_envs=2,
+            num_steps=4,
+            timeout=TIMEOUT,
+            **placement,
+        )
     if not on_ray(placement):  # Ray keeps its own pool of worker processes
         assert wait_until(lambda: not workers(), 5.0)
 
@@ -264,9 +299,12 @@ def test_error_while_building_envs_is_raised_by_the_constructor(placement):
 def test_worker_killed_with_sigkill_is_named():
     snapshot = Snapshot()
     collector = Collector(
-        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
+        gym_envs(FAULTY, fault="sigkill", at=6),
+        ConstantPolicy(),
+        num_envs=4,
+        num_steps=4,
         backend=Processes(2),
-    )  # fmt: skip
+    )
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
             start = time.monotonic()
@@ -280,9 +318,13 @@ def test_worker_killed_with_sigkill_is_named():
 
 def test_step_blocking_forever_times_out_and_the_workers_are_terminated():
     collector = Collector(
-        "torch_rollout_tests/FaultyBlockingAt3-v0", ConstantPolicy(), num_envs=2, num_steps=4, backend="process",
+        "torch_rollout_tests/FaultyBlockingAt3-v0",
+        ConstantPolicy(),
+        num_envs=2,
+        num_steps=4,
+        backend="process",
         timeout=1.0,
-    )  # fmt: skip
+    )
     with pytest.raises(TimeoutError, match=re.escape("no batch within timeout=1.0 s; the env or the policy is stuck")):
         next(collector)
     assert collector.closed
@@ -333,9 +375,12 @@ def run_trainer(action: str) -> tuple[subprocess.Popen, set[int]]:
     """Starts a trainer script in its own process group; returns it and its workers once it collects."""
     script = textwrap.dedent(SCRIPT).format(tests=str(TESTS), action=action)
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     assert proc.stdout.readline() == "collecting\n"
     return proc, descendants(proc.pid)
 
@@ -348,7 +393,9 @@ def test_trainer_killed_with_sigkill_takes_its_workers_and_shared_memory_along()
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)
     gone = wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)
-    assert gone, f"still alive 5 s after the trainer was killed: {[p for p in children if os.path.exists(f'/proc/{p}')]}"
+    assert gone, (
+        f"still alive 5 s after the trainer was killed: {[p for p in children if os.path.exists(f'/proc/{p}')]}"
+    )
     left = lambda: {path for path in used if os.path.exists(path)}  # noqa: E731
     assert wait_until(lambda: not left(), 5.0), f"left in /dev/shm: {left()}"
 
@@ -364,7 +411,8 @@ def test_ctrl_c_in_the_trainer_closes_everything():
 
 def test_script_without_main_guard_is_explained(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from reliability_envs import ConstantPolicy
@@ -372,7 +420,8 @@ def test_script_without_main_guard_is_explained(tmp_path):
 
         collector = Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=4, device="cpu")
         next(collector)
-    """))
+    """)
+    )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "before its envs were built" in proc.stderr

@@ -22,6 +22,9 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
+from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
+
+from torch_rollout import Collector, Ray, gym_envs
 
 from placements import local_ray
 from reliability_envs import (
@@ -31,9 +34,6 @@ from reliability_envs import (
     take,
     wait_until,
 )
-from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
-from torch_rollout import Collector, Ray, gym_envs
-from torch_rollout._envs import RemoteTraceback
 
 ray = pytest.importorskip("ray")
 
@@ -83,9 +83,15 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
 
     monkeypatch.setattr(ray, "put", counting_put)
     with Collector(
-        lambda n: gymnasium.make_vec(FAULTY, n), ConstantPolicy(), num_envs=4, num_steps=4,
-        total_timesteps=4 * 4 * 5, device="cpu", backend=Ray(2), timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        lambda n: gymnasium.make_vec(FAULTY, n),
+        ConstantPolicy(),
+        num_envs=4,
+        num_steps=4,
+        total_timesteps=4 * 4 * 5,
+        device="cpu",
+        backend=Ray(2),
+        timeout=TIMEOUT,
+    ) as collector:
         assert len(list(collector)) == 5
         refreshes = collector.policy_version
     assert refreshes >= 5 and len(arrays) == refreshes
@@ -98,9 +104,13 @@ def test_one_ray_put_per_weight_refresh_and_a_lambda_recipe(monkeypatch):
 def test_killed_worker_is_named():
     """An actor whose process is SIGKILLed (from inside its env's step) is a RuntimeError, not a hang."""
     collector = Collector(
-        gym_envs(FAULTY, fault="sigkill", at=6), ConstantPolicy(), num_envs=4, num_steps=4,
-        backend=Ray(2), timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
-    )  # fmt: skip
+        gym_envs(FAULTY, fault="sigkill", at=6),
+        ConstantPolicy(),
+        num_envs=4,
+        num_steps=4,
+        backend=Ray(2),
+        timeout=TIMEOUT,  # the bound: a TimeoutError would fail the test
+    )
     with pytest.raises(RuntimeError) as info:
         for _ in take(collector):
             pass
@@ -118,9 +128,14 @@ def test_restart_policy_recreates_a_dead_worker_and_delivers_no_transition_twice
     """max_restarts: a killed worker is recreated with new envs; its undelivered transitions are lost, none doubled."""
     T, N = 5, 4
     with Collector(
-        counting_vec, PidPolicy(), num_envs=N, num_steps=T, total_timesteps=T * N * 6,
-        backend=Ray(2, options={"max_restarts": 1}), timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        counting_vec,
+        PidPolicy(),
+        num_envs=N,
+        num_steps=T,
+        total_timesteps=T * N * 6,
+        backend=Ray(2, options={"max_restarts": 1}),
+        timeout=TIMEOUT,
+    ) as collector:
         batches = []
         for b, batch in enumerate(collector):
             batches.append(batch)
@@ -149,8 +164,13 @@ def test_close_frees_the_actors_and_leaves_the_users_ray_running():
     """The session's Ray was initialised by the test (as a user would): the collector uses it and leaves it up."""
     cpus = ray.available_resources().get("CPU", 0)
     with Collector(
-        counting_vec, PidPolicy(), num_envs=2, num_steps=3, backend=Ray(2, options={"num_cpus": 1}), timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+        counting_vec,
+        PidPolicy(),
+        num_envs=2,
+        num_steps=3,
+        backend=Ray(2, options={"num_cpus": 1}),
+        timeout=TIMEOUT,
+    ) as collector:
         pids = set(next(collector)["pid"].unique().tolist())
         assert len(pids) == 2 and os.getpid() not in pids
         assert wait_until(lambda: ray.available_resources().get("CPU", 0) == cpus - 2, 10.0)
@@ -164,14 +184,20 @@ def test_bad_ray_arguments_are_named():
     with pytest.raises(TypeError, match=re.escape("Collector(backend='ray'): envs is a live SyncVectorEnv")):
         Collector(envs, ConstantPolicy(), num_steps=4, backend="ray")
     envs.close()
-    with pytest.raises(TypeError, match=re.escape("Collector: ray_options= is now backend=torch_rollout.Ray(num_workers=..., "
-                                                  "options={'num_cpus': 1})")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "Collector: ray_options= is now backend=torch_rollout.Ray(num_workers=..., options={'num_cpus': 1})"
+        ),
+    ):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend="process", ray_options={"num_cpus": 1})
     with pytest.raises(ValueError, match=re.escape("Ray: options must be a dict of Ray actor options, got list")):
         Ray(2, options=["num_cpus"])
     with pytest.raises(ValueError, match=re.escape("Ray: options['max_restarts'] must be an int >= 0")):
         Ray(2, options={"max_restarts": -1})
-    with pytest.raises(ValueError, match=re.escape("Collector: Ray(options={'num_cpu': 1}) are not valid Ray actor options")):
+    with pytest.raises(
+        ValueError, match=re.escape("Collector: Ray(options={'num_cpu': 1}) are not valid Ray actor options")
+    ):
         Collector(FAULTY, ConstantPolicy(), num_envs=2, num_steps=4, backend=Ray(options={"num_cpu": 1}))
     policy = ConstantPolicy()
     policy.lock = threading.Lock()
@@ -187,9 +213,14 @@ def test_ctrl_c_at_points_of_next_drops_no_batch(sigint_raises_keyboard_interrup
     T, N = 4, 2
     batches, k = [], 1
     with Collector(
-        counting_vec, CountingPolicy(), num_envs=N, num_steps=T, backend=Ray(2), prefetch=1,
+        counting_vec,
+        CountingPolicy(),
+        num_envs=N,
+        num_steps=T,
+        backend=Ray(2),
+        prefetch=1,
         timeout=TIMEOUT,
-    ) as collector:  # fmt: skip
+    ) as collector:
         while True:
             batch, points = next_with_ctrl_c_at(collector, k)
             # As a trainer would after Ctrl-C: carry on.
@@ -232,9 +263,13 @@ def test_a_collector_starts_a_local_ray_keeps_it_for_the_next_and_ctrl_c_closes_
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT).format(tests=str(TESTS))], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
-    )  # fmt: skip
+        [sys.executable, "-c", textwrap.dedent(SCRIPT).format(tests=str(TESTS))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         assert proc.stdout.readline() == "first 2\n"
         assert proc.stdout.readline() == "after close True\n"  # the Ray it started is kept for later collectors

@@ -10,6 +10,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
+from torch_rollout import Collector, Processes
+
 from counting_env import make_counting_envs, value_fn
 from placements import PLACEMENTS, envs_for
 from recurrent_policies import (
@@ -21,7 +23,6 @@ from recurrent_policies import (
     steps_state,
     torchrl_recurrent_policy,
 )
-from torch_rollout import Collector, Processes
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 MODE_IDS = ["next_step", "same_step", "disabled"]
@@ -32,9 +33,17 @@ def collect(placement, mode, policy, *, prefetch, num_batches=NUM_BATCHES, **kwa
     envs, extra = envs_for(placement, partial(make_counting_envs, mode=mode), NUM_ENVS)
     total = NUM_STEPS * NUM_ENVS * num_batches
     with Collector(
-        envs, policy, num_steps=NUM_STEPS, total_timesteps=total, prefetch=prefetch, device="cpu", seed=0,
-        **placement, **extra, **kwargs,
-    ) as collector:  # fmt: skip
+        envs,
+        policy,
+        num_steps=NUM_STEPS,
+        total_timesteps=total,
+        prefetch=prefetch,
+        device="cpu",
+        seed=0,
+        **placement,
+        **extra,
+        **kwargs,
+    ) as collector:
         batches = list(collector)
     assert len(batches) == num_batches
     return batches
@@ -81,8 +90,14 @@ def test_state_counts_steps_since_episode_start_on_every_row(policy_cls, mode, p
 
 def test_state_rows_replay_a_sequence_from_any_row():
     """Truncated BPTT: from the stored state at any row, the policy's own steps give the stored states that follow."""
-    (batch,) = collect({"backend": "thread"}, AutoresetMode.SAME_STEP, StepCountingValuePolicy(), prefetch=0,
-                       num_batches=1, initial_state=steps_state)  # fmt: skip
+    (batch,) = collect(
+        {"backend": "thread"},
+        AutoresetMode.SAME_STEP,
+        StepCountingValuePolicy(),
+        prefetch=0,
+        num_batches=1,
+        initial_state=steps_state,
+    )
     policy, initial = StepCountingValuePolicy(), steps_state(NUM_ENVS)
     for start in range(NUM_STEPS):
         state = batch[start].select("steps")
@@ -97,8 +112,9 @@ def test_initial_state_as_a_tensordict_gives_each_env_its_row():
     """A TensorDict initial state: env i starts (and restarts) from row i, in worker processes too."""
     start = TensorDict({"steps": torch.tensor([[10.0], [20.0], [30.0]])}, batch_size=[3])
     placement = {"backend": Processes(2)}
-    batches = collect(placement, AutoresetMode.NEXT_STEP, StepCountingValuePolicy(), prefetch=1,
-                      initial_state=start, num_batches=2)  # fmt: skip
+    batches = collect(
+        placement, AutoresetMode.NEXT_STEP, StepCountingValuePolicy(), prefetch=1, initial_state=start, num_batches=2
+    )
     steps = torch.cat([batch["steps"][..., 0] for batch in batches])
     obs = torch.cat([batch["obs"] for batch in batches])
     offset = torch.tensor([10.0, 20.0, 30.0])
@@ -205,24 +221,40 @@ def test_acting_runs_in_eval_mode_and_leaves_the_trainers_module_as_it_was(prefe
 
 
 def _thread_collector(policy, initial_state):
-    return Collector(make_counting_envs(2), policy, num_steps=3, total_timesteps=6, device="cpu",
-                     backend="thread", initial_state=initial_state)  # fmt: skip
+    return Collector(
+        make_counting_envs(2),
+        policy,
+        num_steps=3,
+        total_timesteps=6,
+        device="cpu",
+        backend="thread",
+        initial_state=initial_state,
+    )
 
 
 @pytest.mark.parametrize(
     ("initial_state", "error", "message"),
     [
-        (TensorDict({"steps": torch.zeros(3, 1)}, [3]), ValueError,
-         "Collector: initial_state entry 'steps' has shape (3, 1), expected a leading size of num_envs=2"),
-        (torch.zeros(2, 1), TypeError,
-         "Collector: initial_state must be a TensorDict of [num_envs, ...] tensors or a function "
-         "initial_state(num_envs) returning one, got Tensor"),
-        ({"reward": torch.zeros(2)}, ValueError,
-         "Collector: initial_state entries ['reward'] would overwrite keys of the batch"),
+        (
+            TensorDict({"steps": torch.zeros(3, 1)}, [3]),
+            ValueError,
+            "Collector: initial_state entry 'steps' has shape (3, 1), expected a leading size of num_envs=2",
+        ),
+        (
+            torch.zeros(2, 1),
+            TypeError,
+            "Collector: initial_state must be a TensorDict of [num_envs, ...] tensors or a function "
+            "initial_state(num_envs) returning one, got Tensor",
+        ),
+        (
+            {"reward": torch.zeros(2)},
+            ValueError,
+            "Collector: initial_state entries ['reward'] would overwrite keys of the batch",
+        ),
         (lambda n: [torch.zeros(n)], TypeError, "returning list"),
     ],
     ids=["wrong-size", "tensor", "batch-key", "function-returns-list"],
-)  # fmt: skip
+)
 def test_bad_initial_state_is_named(initial_state, error, message):
     with pytest.raises(error, match=re.escape(message)):
         _thread_collector(StepCountingValuePolicy(), initial_state)
@@ -246,11 +278,14 @@ class _WrongNextState(StepCountingValuePolicy):
     ("policy", "message"),
     [
         (_NoNextState(), "Collector: with initial_state the policy must return its next state, as 'next_state'"),
-        (_WrongNextState(), "Collector: the policy's next state has entries {'steps': (2,)}, expected "
-                            "{'steps': (2, 1)} (as initial_state)"),
+        (
+            _WrongNextState(),
+            "Collector: the policy's next state has entries {'steps': (2,)}, expected "
+            "{'steps': (2, 1)} (as initial_state)",
+        ),
     ],
     ids=["missing", "wrong-shape"],
-)  # fmt: skip
+)
 def test_bad_next_state_is_named(policy, message):
     with _thread_collector(policy, steps_state) as collector, pytest.raises(ValueError, match=re.escape(message)):
         next(iter(collector))

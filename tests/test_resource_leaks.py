@@ -10,6 +10,8 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from tensordict import TensorDict
 
+from torch_rollout import Collector
+
 from reliability_envs import (
     ConstantPolicy,
     Snapshot,
@@ -19,7 +21,6 @@ from reliability_envs import (
     wait_until,
     warm_up_multiprocessing,
 )
-from torch_rollout import Collector
 
 TIMEOUT = 60.0
 

@@ -10,10 +10,11 @@ import re
 import gymnasium
 import pytest
 import torch
+from test_process import deterministic_cartpole_policy
+
+from torch_rollout import Collector
 
 from placements import PLACEMENTS, envs_for
-from test_process import deterministic_cartpole_policy
-from torch_rollout import Collector
 
 TIMEOUT = 60.0
 N, T = 4, 16
@@ -27,9 +28,17 @@ def cartpole(num_envs: int, start_index: int = 0) -> gymnasium.vector.VectorEnv:
 def collector(placement: dict, *, seed: int | None = 3, total_batches: int = 6, **kwargs) -> Collector:
     envs, extra = envs_for(placement, cartpole, N)
     return Collector(
-        envs, deterministic_cartpole_policy(), num_steps=T, total_timesteps=total_batches * T * N, seed=seed,
-        device="cpu", timeout=TIMEOUT, **placement, **extra, **kwargs,
-    )  # fmt: skip
+        envs,
+        deterministic_cartpole_policy(),
+        num_steps=T,
+        total_timesteps=total_batches * T * N,
+        seed=seed,
+        device="cpu",
+        timeout=TIMEOUT,
+        **placement,
+        **extra,
+        **kwargs,
+    )
 
 
 @pytest.mark.ray

@@ -369,8 +369,10 @@ def test_the_no_sync_check_catches_a_sync(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_steps_never_sync_and_match_the_cpu(kind: Kind, mode: AutoresetMode) -> None:
     actions = kind.actions(200, 8, seed=5)
-    envs = {device: kind.cls(8, device=device, autoreset_mode=mode, max_episode_steps=kind.episode_steps)
-            for device in ("cpu", "cuda")}
+    envs = {
+        device: kind.cls(8, device=device, autoreset_mode=mode, max_episode_steps=kind.episode_steps)
+        for device in ("cpu", "cuda")
+    }
     for each in envs.values():
         each.reset(seed=0)
     on_cpu = _record(envs["cpu"], actions)
@@ -452,32 +454,67 @@ def _reset_with(**reset: Any) -> Callable[[], Any]:
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        pytest.param(_step_with(torch.zeros(3, 1, dtype=torch.int64)), ValueError,
-                     "expected shape (3,), one action per env, got (3, 1)", id="cartpole-action-shape"),
-        pytest.param(_step_with(torch.zeros(3)), TypeError,
-                     "expected an integer tensor of 0 (push left) or 1 (push right) per env, got dtype torch.float32",
-                     id="cartpole-float-actions"),
-        pytest.param(_step_with(torch.zeros(3), PENDULUM), ValueError,
-                     "expected shape (3, 1), one torque per env, got (3,)", id="pendulum-action-shape"),
-        pytest.param(lambda: CartPole(3).step(torch.zeros(3, dtype=torch.int64)), RuntimeError,
-                     "step() before reset()", id="step-before-reset"),
-        pytest.param(lambda: CartPole(0), ValueError, "CartPole(num_envs=...): expected an int of at least 1",
-                     id="no-envs"),
-        pytest.param(lambda: Pendulum(2, autoreset_mode="Sometimes"), ValueError,
-                     "Pendulum(autoreset_mode='Sometimes'): expected one of AutoresetMode.NEXT_STEP ('NextStep')",
-                     id="autoreset-mode"),
-        pytest.param(lambda: CartPole(2, max_episode_steps=0), ValueError,
-                     "CartPole(max_episode_steps=...): expected an int of at least 1", id="max-episode-steps"),
+        pytest.param(
+            _step_with(torch.zeros(3, 1, dtype=torch.int64)),
+            ValueError,
+            "expected shape (3,), one action per env, got (3, 1)",
+            id="cartpole-action-shape",
+        ),
+        pytest.param(
+            _step_with(torch.zeros(3)),
+            TypeError,
+            "expected an integer tensor of 0 (push left) or 1 (push right) per env, got dtype torch.float32",
+            id="cartpole-float-actions",
+        ),
+        pytest.param(
+            _step_with(torch.zeros(3), PENDULUM),
+            ValueError,
+            "expected shape (3, 1), one torque per env, got (3,)",
+            id="pendulum-action-shape",
+        ),
+        pytest.param(
+            lambda: CartPole(3).step(torch.zeros(3, dtype=torch.int64)),
+            RuntimeError,
+            "step() before reset()",
+            id="step-before-reset",
+        ),
+        pytest.param(
+            lambda: CartPole(0), ValueError, "CartPole(num_envs=...): expected an int of at least 1", id="no-envs"
+        ),
+        pytest.param(
+            lambda: Pendulum(2, autoreset_mode="Sometimes"),
+            ValueError,
+            "Pendulum(autoreset_mode='Sometimes'): expected one of AutoresetMode.NEXT_STEP ('NextStep')",
+            id="autoreset-mode",
+        ),
+        pytest.param(
+            lambda: CartPole(2, max_episode_steps=0),
+            ValueError,
+            "CartPole(max_episode_steps=...): expected an int of at least 1",
+            id="max-episode-steps",
+        ),
         pytest.param(_reset_with(seed=[1, 2]), ValueError, "got 2 seeds, expected one per env (3)", id="seed-list"),
         pytest.param(_reset_with(seed=-1), ValueError, "reset(seed=-1): env j is keyed seed + j", id="seed-range"),
         pytest.param(_reset_with(seed=1.5), TypeError, "reset(seed=1.5): expected an int", id="seed-type"),
-        pytest.param(_reset_with(options={"reset_mask": torch.ones(2, dtype=torch.bool)}), ValueError,
-                     "expected a bool mask of shape (3,), got shape (2,)", id="mask-shape"),
-        pytest.param(_reset_with(options={"reset_mask": [True, False, True]}), TypeError,
-                     "expected a bool tensor or NumPy array of shape (3,), got list", id="mask-type"),
+        pytest.param(
+            _reset_with(options={"reset_mask": torch.ones(2, dtype=torch.bool)}),
+            ValueError,
+            "expected a bool mask of shape (3,), got shape (2,)",
+            id="mask-shape",
+        ),
+        pytest.param(
+            _reset_with(options={"reset_mask": [True, False, True]}),
+            TypeError,
+            "expected a bool tensor or NumPy array of shape (3,), got list",
+            id="mask-type",
+        ),
         pytest.param(_reset_with(options={"low": -0.1}), ValueError, "unknown option(s) ['low']", id="option"),
-        pytest.param(lambda: CartPole(2).reset(options={"reset_mask": torch.ones(2, dtype=torch.bool)}),
-                     RuntimeError, "before any full reset", id="mask-before-reset"),
+        pytest.param(
+            lambda: CartPole(2).reset(options={"reset_mask": torch.ones(2, dtype=torch.bool)}),
+            RuntimeError,
+            "before any full reset",
+            id="mask-before-reset",
+        ),
     ],
 )
 def test_errors_name_the_argument_the_value_and_the_fix(call: Callable[[], Any], error: type, message: str) -> None:

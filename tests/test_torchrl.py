@@ -12,16 +12,17 @@ from tensordict.nn import (
     ProbabilisticTensorDictSequential,
     TensorDictModule,
     TensorDictSequential,
+    probabilistic,
     set_interaction_type,
 )
-from tensordict.nn import probabilistic
 from tensordict.nn.probabilistic import interaction_type
 from torch import nn
 from torch.distributions import Categorical
 
+from torch_rollout import BatchKeys, Collector, _interaction
+
 from placements import PLACEMENTS, envs_for
 from reliability_envs import CountingPolicy, counting_vec
-from torch_rollout import BatchKeys, Collector, _interaction
 
 N, T, BATCHES = 4, 16, 3
 
@@ -49,10 +50,12 @@ def td_actor_critic() -> TensorDictSequential:
     actor = ProbabilisticTensorDictSequential(
         TensorDictModule(Uniform(), in_keys=["observation"], out_keys=["logits"]),
         ProbabilisticTensorDictModule(
-            in_keys=["logits"], out_keys=["action"], distribution_class=Categorical,
+            in_keys=["logits"],
+            out_keys=["action"],
+            distribution_class=Categorical,
             default_interaction_type=InteractionType.RANDOM,
         ),
-    )  # fmt: skip
+    )
     return TensorDictSequential(actor, TensorDictModule(Half(), in_keys=["observation"], out_keys=["state_value"]))
 
 
@@ -72,17 +75,26 @@ def test_collector_thread_samples_while_the_trainer_acts_deterministically(tenso
     trainer_actor = ProbabilisticTensorDictSequential(
         trainer_view,
         ProbabilisticTensorDictModule(
-            in_keys=["logits"], out_keys=["action"], distribution_class=Categorical,
+            in_keys=["logits"],
+            out_keys=["action"],
+            distribution_class=Categorical,
             default_interaction_type=InteractionType.RANDOM,
         ),
-    )  # fmt: skip
+    )
     actions = []
     # As TorchRL's losses do while they run, for the whole loop: the collector thread must not see it.
     with set_interaction_type(InteractionType.DETERMINISTIC):
         with Collector(
-            "CartPole-v1", policy, num_envs=N, num_steps=T, total_timesteps=N * T * BATCHES, device="cpu",
-            backend="thread", prefetch=1, keys=BatchKeys(obs_key="observation"),
-        ) as collector:  # fmt: skip
+            "CartPole-v1",
+            policy,
+            num_envs=N,
+            num_steps=T,
+            total_timesteps=N * T * BATCHES,
+            device="cpu",
+            backend="thread",
+            prefetch=1,
+            keys=BatchKeys(obs_key="observation"),
+        ) as collector:
             for batch in collector:
                 actions.append(batch["action"])
                 for _ in range(20):  # while the collector thread collects the next batch
@@ -98,9 +110,17 @@ def test_collector_thread_samples_while_the_trainer_acts_deterministically(tenso
 def collect(placement: dict, policy: nn.Module, **kwargs) -> list:
     envs, extra = envs_for(placement, counting_vec, N)
     with Collector(
-        envs, policy, num_steps=T, total_timesteps=N * T * 2, device="cpu", seed=0, timeout=60.0,
-        **placement, **extra, **kwargs,
-    ) as collector:  # fmt: skip
+        envs,
+        policy,
+        num_steps=T,
+        total_timesteps=N * T * 2,
+        device="cpu",
+        seed=0,
+        timeout=60.0,
+        **placement,
+        **extra,
+        **kwargs,
+    ) as collector:
         return [batch.clone() for batch in collector]
 
 
@@ -127,7 +147,9 @@ class Parity(nn.Module):
 @pytest.mark.parametrize("obs_key", ["action", "", 3])
 def test_bad_obs_key_is_named(obs_key):
     with pytest.raises(ValueError, match="BatchKeys: obs_key must be a str other than the batch's own keys"):
-        Collector("CartPole-v1", td_actor_critic(), num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key=obs_key))
+        Collector(
+            "CartPole-v1", td_actor_critic(), num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key=obs_key)
+        )
 
 
 # ------------------------------------------------------------------------------------------ TorchRL
@@ -142,9 +164,12 @@ def torchrl_actor_critic(num_actions: int = 2):
     nn.init.normal_(net.weight, std=1e-3)
     nn.init.zeros_(net.bias)
     actor = ProbabilisticActor(
-        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]), in_keys=["logits"],
-        distribution_class=Categorical, return_log_prob=True, default_interaction_type=InteractionType.RANDOM,
-    )  # fmt: skip
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=Categorical,
+        return_log_prob=True,
+        default_interaction_type=InteractionType.RANDOM,
+    )
     critic = ValueOperator(nn.Linear(4, 1), in_keys=["observation"])
     return actor, critic
 
@@ -158,7 +183,9 @@ def test_a_probabilistic_module_that_does_not_sample_is_named():
         + re.escape(" has default_interaction_type=InteractionType.DETERMINISTIC, so the collector acts with it")
     )
     with pytest.warns(UserWarning, match=message):
-        Collector("CartPole-v1", policy, num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key="observation")).close()
+        Collector(
+            "CartPole-v1", policy, num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key="observation")
+        ).close()
 
 
 def recipe(batch):
@@ -177,9 +204,17 @@ def test_clip_ppo_loss_reads_the_batch_as_the_readme_says():
     actor, critic = torchrl_actor_critic()
     loss_fn = ClipPPOLoss(actor, critic, entropy_bonus=False, loss_critic_type="l2", critic_coeff=1.0, clip_value=0.2)
     with Collector(
-        "CartPole-v1", TensorDictSequential(actor, critic), num_envs=N, num_steps=T, total_timesteps=N * T,
-        keys=BatchKeys(obs_key="observation"), device="cpu", backend="thread", prefetch=0, seed=0,
-    ) as collector:  # fmt: skip
+        "CartPole-v1",
+        TensorDictSequential(actor, critic),
+        num_envs=N,
+        num_steps=T,
+        total_timesteps=N * T,
+        keys=BatchKeys(obs_key="observation"),
+        device="cpu",
+        backend="thread",
+        prefetch=0,
+        seed=0,
+    ) as collector:
         batch = next(iter(collector))
     assert {"observation", "action", "action_log_prob", "state_value", "advantage", "return"} <= set(batch.keys())
     data = recipe(batch)
@@ -202,9 +237,17 @@ def test_clip_ppo_loss_in_the_trainer_leaves_the_collector_sampling():
     loss_fn = ClipPPOLoss(actor, critic)
     shares = []
     with Collector(
-        "CartPole-v1", TensorDictSequential(actor, critic), num_envs=8, num_steps=64, total_timesteps=8 * 64 * 4,
-        keys=BatchKeys(obs_key="observation"), device="cpu", backend="thread", prefetch=1, seed=0,
-    ) as collector:  # fmt: skip
+        "CartPole-v1",
+        TensorDictSequential(actor, critic),
+        num_envs=8,
+        num_steps=64,
+        total_timesteps=8 * 64 * 4,
+        keys=BatchKeys(obs_key="observation"),
+        device="cpu",
+        backend="thread",
+        prefetch=1,
+        seed=0,
+    ) as collector:
         for batch in collector:
             shares.append((batch["action"] == batch["logits"].argmax(-1)).float().mean().item())
             data = recipe(batch)

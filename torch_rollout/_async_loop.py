@@ -159,7 +159,7 @@ class AsyncRolloutLoop(RolloutLoop):
 
     @staticmethod
     def step_width(envs: VectorEnv) -> int:
-        """Envs that one ``recv()`` returns (``batch_size``): the policy's outputs, actions and infos have as many rows."""
+        """Envs that one ``recv()`` returns (``batch_size``): the rows of the policy's outputs, actions and infos."""
         return int(envs.config["batch_size"])
 
     def reseed(self, seed: int | None) -> None:
@@ -320,14 +320,21 @@ class AsyncRolloutLoop(RolloutLoop):
         buffer.outputs = {key: empty_rows(_widen(value, N), T, self.storage_device) for key, value in out_t.items()}
         buffer.views = {
             key: value.numpy().reshape(T * N, *value.shape[2:])
-            if isinstance(value, Tensor) and value.device.type == "cpu" else None
+            if isinstance(value, Tensor) and value.device.type == "cpu"
+            else None
             for key, value in buffer.outputs.items()
-        }  # fmt: skip
+        }
 
     def _finish_rows(
-        self, ids: np.ndarray, rows: np.ndarray, ended: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-        truncated: np.ndarray, info: dict,
-    ) -> None:  # fmt: skip
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        ended: np.ndarray,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict,
+    ) -> None:
         """Writes the results of the steps of ``ids[ended]``, which acted on ``rows[ended]``."""
         real = ~self.prev_done[ids]  # this step reset envs that ended at their last one: not a transition
         done = terminated | truncated
@@ -350,7 +357,7 @@ class AsyncRolloutLoop(RolloutLoop):
         self.ep_length[ids] = np.where(done, 0, ep_length)
         self.ep_return[ids] = np.where(done, 0.0, ep_return)
         for buffer, sel, flat in self._locate(ids, rows):
-            pick = (lambda array: array) if sel is None else (lambda array: array[sel])
+            pick = (lambda array: array) if sel is None else (lambda array, sel=sel: array[sel])
             host = buffer.host
             host["reward"][flat] = pick(reward)
             host["terminated"][flat] = pick(terminated)

@@ -87,9 +87,7 @@ class CompiledPolicy:
     outputs are cloned, since the graphs' next replay overwrites their memory.
     """
 
-    def __init__(
-        self, policy: nn.Module, options: dict[str, Any], *, num_envs: int, obs_key: str, owned: bool
-    ) -> None:
+    def __init__(self, policy: nn.Module, options: dict[str, Any], *, num_envs: int, obs_key: str, owned: bool) -> None:
         self.policy = policy
         self.owned = owned
         self.options = options
@@ -106,9 +104,11 @@ class CompiledPolicy:
             # [num_envs]: rows 0..n-1, then row n-1 again
             rows = torch.arange(self.num_envs, device=_device(call.obs)).clamp_(max=n - 1)
             call = PolicyCall(
-                call.obs[rows], None if call.state is None else call.state[rows],
-                None if call.is_init is None else call.is_init[rows], call.value_only,
-            )  # fmt: skip
+                call.obs[rows],
+                None if call.state is None else call.state[rows],
+                None if call.is_init is None else call.is_init[rows],
+                call.value_only,
+            )
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         try:

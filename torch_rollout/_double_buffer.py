@@ -116,7 +116,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
                 explained.add_note(f"(in group {g} of the DoubleBufferedVectorEnv: envs {first}..{first + B - 1})")
             if explained is exc:
                 raise
-            raise explained  # its __cause__ is set: gymnasium's error, or the worker's traceback
+            raise explained from explained.__cause__  # gymnasium's error, or the worker's traceback
         if getattr(group, "copy", True) is False:
             # The group's shared memory is written by its next step, which the collector starts before
             # it has stored these observations.

@@ -8,7 +8,7 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import gymnasium
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 # What a worker builds its envs from: an env id, or make_envs(num_envs[, start_index]) -> VectorEnv.
-EnvRecipe = Union[str, Callable[..., VectorEnv]]
+EnvRecipe = str | Callable[..., VectorEnv]
+
 
 def gym_envs(env_id: str, **kwargs: Any) -> GymEnvs:
     """A picklable recipe of gymnasium vector envs: ``gymnasium.make_vec(env_id, num_envs=n, **kwargs)``.
@@ -61,7 +62,9 @@ class GymEnvs:
         if not isinstance(env_id, str):
             raise TypeError(f"gym_envs: env_id must be a gymnasium env id str, got {type(env_id).__name__} {env_id!r}")
         if "num_envs" in kwargs:
-            raise TypeError("gym_envs: num_envs is the Collector's argument (each worker builds its share); leave it out")
+            raise TypeError(
+                "gym_envs: num_envs is the Collector's argument (each worker builds its share); leave it out"
+            )
         self.env_id = env_id
         self.kwargs = kwargs
 

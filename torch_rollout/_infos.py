@@ -171,7 +171,8 @@ class InfoRecorder:
                     given = sorted(k for k in seen if not k.startswith("_") and k not in _RESERVED)
                     first = self.env_offset
                     raise ValueError(
-                        f"Collector: info_keys names {key!r}, but the infos of envs {first}..{first + self.num_envs - 1} "
+                        f"Collector: info_keys names {key!r}, but the infos of envs "
+                        f"{first}..{first + self.num_envs - 1} "
                         f"have no {key!r} at their first reset and first step (their keys: {given}); for an info "
                         "that appears later (at episode ends, say) give its structure as an example value of one "
                         f"env: info_keys={{{key!r}: 0.0}} (or False, np.zeros(3), {{'a': 0, 'b': 0.0}})"
@@ -202,9 +203,13 @@ class InfoRecorder:
     # -- one step ------------------------------------------------------------------------------
 
     def record(
-        self, rows: Mapping[Path, np.ndarray], t: int, infos: Mapping[str, Any], done: np.ndarray,
+        self,
+        rows: Mapping[Path, np.ndarray],
+        t: int,
+        infos: Mapping[str, Any],
+        done: np.ndarray,
         real: np.ndarray | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Writes row ``t`` from the infos of step ``t``; ``real`` is False on NEXT_STEP reset rows."""
         n = self.num_envs
         final = infos.get("final_info") if self.autoreset_mode == AutoresetMode.SAME_STEP and done.any() else None
@@ -223,9 +228,7 @@ class InfoRecorder:
                     self._check(source[key], structure, key, where)
             self._write(rows, (key,), structure, t, [(infos, top), (final, ended)])
 
-    def _write(
-        self, rows: Mapping[Path, np.ndarray], path: Path, structure: Structure, t: int, sources: list
-    ) -> None:
+    def _write(self, rows: Mapping[Path, np.ndarray], path: Path, structure: Structure, t: int, sources: list) -> None:
         if isinstance(structure, dict):
             for sub, item in structure.items():
                 self._write(rows, (*path, sub), item, t, sources)
@@ -242,7 +245,11 @@ class InfoRecorder:
     def _check(self, value: Any, structure: Structure, name: str, where: np.ndarray) -> None:
         """Raises ValueError when ``value`` does not have the structure fixed at the start."""
         if isinstance(structure, dict):
-            subs = None if not isinstance(value, Mapping) else {k for k in value if not (k.startswith("_") and k[1:] in value)}
+            subs = (
+                None
+                if not isinstance(value, Mapping)
+                else {k for k in value if not (k.startswith("_") and k[1:] in value)}
+            )
             if subs is None or subs != structure.keys():
                 self._changed(name, structure, value, where)
             for sub, item in structure.items():

@@ -175,9 +175,13 @@ class RolloutLoop:
         self.env_offset = env_offset
         self.obs_key = spec.obs_key
         check_envpool(envs, seed)  # a pool of the user's own given a seed (it would ignore it) is refused
-        self.infos = None if spec.info_keys is None else InfoRecorder(
-            spec.info_keys, num_envs=self.step_width(envs), autoreset_mode=autoreset_mode, env_offset=env_offset
-        )  # fmt: skip
+        self.infos = (
+            None
+            if spec.info_keys is None
+            else InfoRecorder(
+                spec.info_keys, num_envs=self.step_width(envs), autoreset_mode=autoreset_mode, env_offset=env_offset
+            )
+        )
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
@@ -243,9 +247,11 @@ class RolloutLoop:
             states = None
         else:
             obs_buffer = ObsBuffer.wrap(self.obs_space, out[self.obs_key])
-            host = {key: out[key].numpy() for key in self.host_keys} if self.on_host else {
-                key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()
-            }
+            host = (
+                {key: out[key].numpy() for key in self.host_keys}
+                if self.on_host
+                else {key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()}
+            )
             outputs = {key: out[key] for key in self.output_keys}
             states = None if self.initial_state is None else out.select(*self.state_keys)
         info_rows = None
@@ -253,8 +259,11 @@ class RolloutLoop:
             info_rows = self.infos.views(out["info"]) if self.on_host else self.infos.empty_rows(T)
         reward, terminated, truncated = host["reward"], host["terminated"], host["truncated"]
         mask, ep_return, ep_length, versions = (
-            host["mask"], host["episode_return"], host["episode_length"], host["policy_version"]
-        )  # fmt: skip
+            host["mask"],
+            host["episode_return"],
+            host["episode_length"],
+            host["policy_version"],
+        )
         mask.fill(True)
         final_values: list[tuple[int, np.ndarray, Tensor]] = []  # (t, envs, V(final obs))
         self.batches += 1
@@ -578,7 +587,8 @@ class RolloutLoop:
                 items[self.value_key] = value = value.squeeze(1)
             if value.dim() != 1 or not value.is_floating_point():
                 raise ValueError(
-                    f"Collector: policy output {self.value_key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, "
+                    f"Collector: policy output {self.value_key!r} has shape {tuple(value.shape)} and dtype "
+                    f"{value.dtype}, "
                     f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
                 )
         if self.output_keys is None:
@@ -593,7 +603,8 @@ class RolloutLoop:
             self.has_value = value is not None
         elif n == self.num_envs and items.keys() != set(self.output_keys):
             raise ValueError(
-                f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(items)} between steps"
+                f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(items)} between "
+                "steps"
             )
         return items
 

@@ -141,8 +141,9 @@ class Thread(Backend):
             else:
                 why, fix = self.copy_reason(prefetch)
                 runner = acting_copy(policy, device, why=why, fix=fix)
-            return ThreadPlacement(built, runner, spec, owns_envs=owns_envs, owned=runner is not policy, device=device,
-                                   seed=seed)  # fmt: skip
+            return ThreadPlacement(
+                built, runner, spec, owns_envs=owns_envs, owned=runner is not policy, device=device, seed=seed
+            )
         except BaseException:
             if owns_envs:
                 built.close()
@@ -180,8 +181,9 @@ class Processes(Backend):
                     f"the REPL), which worker processes cannot import; {hint}"
                 )
         if compile_options:  # e.g. a backend function, sent to the workers
-            check_picklable("compile_policy", compile_options, "pass the backend by its name or as a module-level "
-                            "function")  # fmt: skip
+            check_picklable(
+                "compile_policy", compile_options, "pass the backend by its name or as a module-level function"
+            )
 
     def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
         from torch_rollout._process import ProcessPlacement
@@ -189,8 +191,17 @@ class Processes(Backend):
         why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
         runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix).share_memory()
-        return ProcessPlacement(envs, runner, spec, num_envs=num_envs, num_workers=self.num_workers,
-                                prefetch=prefetch, device=device, seed=seed, startup_timeout=timeout)  # fmt: skip
+        return ProcessPlacement(
+            envs,
+            runner,
+            spec,
+            num_envs=num_envs,
+            num_workers=self.num_workers,
+            prefetch=prefetch,
+            device=device,
+            seed=seed,
+            startup_timeout=timeout,
+        )
 
 
 @dataclass(frozen=True)
@@ -218,12 +229,13 @@ class Ray(Backend):
         _check_workers(self)
         if self.options is not None and not isinstance(self.options, Mapping):
             raise ValueError(
-                f"Ray: options must be a dict of Ray actor options, got {type(self.options).__name__} "
-                f"{self.options!r}"
+                f"Ray: options must be a dict of Ray actor options, got {type(self.options).__name__} {self.options!r}"
             )
         restarts = (self.options or {}).get("max_restarts", 0)
         if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-            raise ValueError(f"Ray: options['max_restarts'] must be an int >= 0 (restarts per worker), got {restarts!r}")
+            raise ValueError(
+                f"Ray: options['max_restarts'] must be an int >= 0 (restarts per worker), got {restarts!r}"
+            )
 
     def check(self, envs, policy, compile_options) -> None:  # noqa: D102
         from torch_rollout._ray import check_ray_picklable
@@ -240,8 +252,18 @@ class Ray(Backend):
         why, fix = self.copy_reason(prefetch)
         # The acting copy stays in the trainer; Ray's object store carries it to the actors.
         runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
-        return RayPlacement(envs, runner, spec, num_envs=num_envs, num_workers=self.num_workers, prefetch=prefetch,
-                            device=device, seed=seed, startup_timeout=timeout, options=self.options)  # fmt: skip
+        return RayPlacement(
+            envs,
+            runner,
+            spec,
+            num_envs=num_envs,
+            num_workers=self.num_workers,
+            prefetch=prefetch,
+            device=device,
+            seed=seed,
+            startup_timeout=timeout,
+            options=self.options,
+        )
 
 
 def resolve_backend(backend: Any, envs: Any, policy: nn.Module, device: torch.device) -> Backend:

@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
+from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torch import Tensor, nn
-
-from gymnasium.vector import AutoresetMode
 
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
@@ -102,10 +101,20 @@ class ProcessPlacement(RemotePlacement):
                     target=_worker_main,
                     name=f"torch_rollout-worker-{index}",
                     args=(
-                        index, child_end, recipe, spec, count, start, shared_policy, self.locks[index], self.control,
-                        device, None if seed is None else seed + start, prefetch + 1,
+                        index,
+                        child_end,
+                        recipe,
+                        spec,
+                        count,
+                        start,
+                        shared_policy,
+                        self.locks[index],
+                        self.control,
+                        device,
+                        None if seed is None else seed + start,
+                        prefetch + 1,
                     ),
-                )  # fmt: skip
+                )
                 process.start()
                 child_end.close()
                 self.conns.append(parent_end)
@@ -120,7 +129,9 @@ class ProcessPlacement(RemotePlacement):
             modes = {self._received[k]["autoreset_mode"] for k in range(num_workers)}
             self._received = {}
             if len(modes) > 1:
-                raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")
+                raise ValueError(
+                    f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}"
+                )
         except BaseException:
             self.close(0.0)
             raise
@@ -404,4 +415,3 @@ def _watch_parent() -> None:
         os._exit(1)  # the envs' own worker processes see their pipes close and exit too
 
     threading.Thread(target=watch, name="torch_rollout-parent-watch", daemon=True).start()
-

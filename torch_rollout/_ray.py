@@ -152,7 +152,9 @@ class RayPlacement(RemotePlacement):
         try:
             self._actor_class = ray.remote(_RayWorker).options(**options)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"Collector: Ray(options={dict(options)!r}) are not valid Ray actor options: {exc}") from exc
+            raise ValueError(
+                f"Collector: Ray(options={dict(options)!r}) are not valid Ray actor options: {exc}"
+            ) from exc
         try:
             self._payload = ray.put((recipe, runner, spec))
             self._ready_refs = [self._start(k) for k in range(num_workers)]
@@ -285,7 +287,9 @@ class RayPlacement(RemotePlacement):
         start, count = self.shares[k]
         if not where:
             return f"envs {start}..{start + count - 1}, not placed yet"
-        return f"actor {where['actor'][:12]}, pid {where['pid']}, node {where['node']}, envs {start}..{start + count - 1}"
+        return (
+            f"actor {where['actor'][:12]}, pid {where['pid']}, node {where['node']}, envs {start}..{start + count - 1}"
+        )
 
     def _who(self, k: int) -> str:
         return f"Ray worker {k} ({self._describe(k)})"
@@ -298,7 +302,11 @@ class RayPlacement(RemotePlacement):
         error = RuntimeError(
             f"Collector: Ray worker {k} ({self._describe(k)}) died {when}{restarts} ({cause}); the collector is "
             "closed and its other workers are stopped"
-            + ("" if self.max_restarts else "; Ray(num_workers, options={'max_restarts': n}) recreates a dead worker instead")
+            + (
+                ""
+                if self.max_restarts
+                else "; Ray(num_workers, options={'max_restarts': n}) recreates a dead worker instead"
+            )
         )
         error.__cause__ = exc
         return error
@@ -308,8 +316,12 @@ class RayPlacement(RemotePlacement):
         self.restarts[k] += 1
         logger.warning(
             "Collector: Ray worker %d (%s) died (%s); recreating it, restart %d of max_restarts=%d",
-            k, self._describe(k), type(exc).__name__, self.restarts[k], self.max_restarts,
-        )  # fmt: skip
+            k,
+            self._describe(k),
+            type(exc).__name__,
+            self.restarts[k],
+            self.max_restarts,
+        )
         try:
             self.ray.kill(self.actors[k])
         except Exception:
@@ -416,7 +428,12 @@ class _RayWorker:
             with torch.no_grad():
                 self.envs = build_envs(recipe, num_envs, start_index=start_index)
                 self.loop = worker_loop(
-                    self.envs, spec, self.forward, start_index=start_index, device=device, seed=seed,
+                    self.envs,
+                    spec,
+                    self.forward,
+                    start_index=start_index,
+                    device=device,
+                    seed=seed,
                     stop=self.is_canceled,
                 )
         except BaseException as exc:

@@ -1,4 +1,4 @@
-"""What the placements in other processes share: the K-worker bookkeeping on the trainer's side, and the worker's set-up.
+"""What the placements in other processes share: the K workers' bookkeeping in the trainer, and the worker's set-up.
 
 A remote placement (worker processes, Ray actors) asks each of its ``K``
 workers for its share of every batch and gathers one message per worker:
@@ -172,9 +172,15 @@ def worker_loop(
     The envs are reset before it returns.
     """
     loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
-        envs, forward, spec, device=device, storage_device=torch.device("cpu"), seed=seed, stop=stop,
+        envs,
+        forward,
+        spec,
+        device=device,
+        storage_device=torch.device("cpu"),
+        seed=seed,
+        stop=stop,
         env_offset=start_index,
-    )  # fmt: skip
+    )
     loop.reset()
     return loop
 

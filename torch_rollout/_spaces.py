@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 # A batch of observations: a tensor, or a TensorDict for Dict spaces.
-Obs = Union[Tensor, TensorDict]
+Obs = Tensor | TensorDict
 
 _LEAF_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)

@@ -14,9 +14,22 @@ __all__ = ["BATCH_KEYS", "BatchKeys", "LoopSpec"]
 
 # Keys the collector writes into every batch: obs_key cannot take one of them.
 BATCH_KEYS = frozenset(
-    ("action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
-     "policy_version", "next_value", "advantage", "return", "info")
-)  # fmt: skip
+    (
+        "action",
+        "reward",
+        "terminated",
+        "truncated",
+        "done",
+        "mask",
+        "episode_return",
+        "episode_length",
+        "policy_version",
+        "next_value",
+        "advantage",
+        "return",
+        "info",
+    )
+)
 
 
 @dataclass(frozen=True)

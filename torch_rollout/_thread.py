@@ -75,9 +75,7 @@ class ThreadPlacement:
         )
         self.autoreset_mode = self.loop.autoreset_mode
         # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
-        self.act = acting_call(
-            runner, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
-        )
+        self.act = acting_call(runner, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned)
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()

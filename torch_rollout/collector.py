@@ -228,7 +228,11 @@ class Collector:
             raise TypeError(
                 f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
                 f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}"
-                + (" (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else "")
+                + (
+                    " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
+                    if isinstance(envs, gymnasium.Env)
+                    else ""
+                )
             )
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -247,7 +251,9 @@ class Collector:
                 )
             num_envs = envs.num_envs
         elif num_envs is None:
-            raise ValueError(f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
+            raise ValueError(
+                f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8"
+            )
         _check_int("num_envs", num_envs, minimum=1)
         num_workers = chosen.num_workers
         if num_workers > num_envs:
@@ -277,9 +283,15 @@ class Collector:
         self.keys = keys
         self._copy_reason = chosen.copy_reason(prefetch)[0]
         self._placement: Placement = chosen.build(
-            envs, policy, num_envs=num_envs, spec=spec, device=self.device, prefetch=prefetch, seed=seed,
+            envs,
+            policy,
+            num_envs=num_envs,
+            spec=spec,
+            device=self.device,
+            prefetch=prefetch,
+            seed=seed,
             timeout=timeout,
-        )  # fmt: skip
+        )
         self.envs = self._placement.envs
         self.autoreset_mode = self._placement.autoreset_mode
         self.total_timesteps = total_timesteps

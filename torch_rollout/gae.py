@@ -107,7 +107,9 @@ def compute_gae(
                 f"{tuple(value.shape)} (time-first [T, ...])"
             )
     if value.dim() == 0 or value.shape[0] == 0:
-        raise ValueError(f"compute_gae: expected time-first tensors [T, ...] with T >= 1, got shape {tuple(value.shape)}")
+        raise ValueError(
+            f"compute_gae: expected time-first tensors [T, ...] with T >= 1, got shape {tuple(value.shape)}"
+        )
     if not value.is_floating_point():
         raise TypeError(f"compute_gae: value must be a floating-point tensor, got dtype {value.dtype}")
     for name, x in (("gamma", gamma), ("gae_lambda", gae_lambda)):

@@ -115,9 +115,7 @@ class CartPole(TorchVectorEnv):
         force = torch.where(actions >= 1, _FORCE, -_FORCE)
         cos, sin = torch.cos(theta), torch.sin(theta)
         temp = (force + _POLE_MASS_LENGTH * theta_dot * theta_dot * sin) / _TOTAL_MASS
-        theta_acc = (_GRAVITY * sin - cos * temp) / (
-            _HALF_LENGTH * (4.0 / 3.0 - _MASS_POLE * cos * cos / _TOTAL_MASS)
-        )
+        theta_acc = (_GRAVITY * sin - cos * temp) / (_HALF_LENGTH * (4.0 / 3.0 - _MASS_POLE * cos * cos / _TOTAL_MASS))
         x_acc = temp - _POLE_MASS_LENGTH * theta_acc * cos / _TOTAL_MASS
         # Explicit Euler: positions move with the velocities from before this step.
         x = x + _TAU * x_dot
