@@ -358,7 +358,7 @@ SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {tests!r})
 from reliability_envs import ConstantPolicy
-from torch_rollout import Collector
+from torch_rollout import Collector, Processes
 
 if __name__ == "__main__":
     collector = Collector("torch_rollout_tests/Faulty-v0", ConstantPolicy(pause=0.01), num_envs=4, num_steps=16,
