@@ -219,6 +219,13 @@ class RolloutLoop:
         N = self.num_envs
         self.call = "envs.reset()"
         obs, self.reset_infos = self.envs.reset(seed=self.seed)
+        if isinstance(obs, Tensor) or (isinstance(obs, Mapping) and any(isinstance(v, Tensor) for v in obs.values())):
+            raise TypeError(
+                f"Collector: envs.reset() returned torch tensors, but {type(self.envs).__name__} does not say that "
+                "it presents torch tensors: give it (or a wrapper of it) the attribute `device`, the torch.device "
+                "of its tensors, as torch_rollout.envs, gymnasium's NumpyToTorch and ManiSkill3's ManiSkillVectorEnv "
+                "have; the collector then keeps its tensors on that device"
+            )
         self.check_obs(obs, "envs.reset()")
         if self.check_finite:
             self._check_finite(obs, None, "envs.reset()")

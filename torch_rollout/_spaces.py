@@ -15,6 +15,7 @@ __all__ = [
     "ObsBuffer",
     "check_action_space",
     "check_obs_space",
+    "empty_obs",
     "obs_to_tensor",
     "select_obs",
     "stack_final_obs",
@@ -111,6 +112,11 @@ class ObsBuffer:
     def write(self, index: int | slice, obs: Any) -> None:
         """Copies the env's ``obs`` into ``self.tensor[index]`` (casting float64 to float32); host only."""
         _write(self.arrays, index, obs)
+
+
+def empty_obs(space: spaces.Space, prefix: tuple[int, ...], *, device: torch.device | str) -> Obs:
+    """Uninitialised storage for ``[*prefix, *obs_shape]`` observations of ``space`` in their storage dtypes."""
+    return ObsBuffer._alloc(space, prefix, torch.device(device), False)
 
 
 def _write(dst: Any, index: int | slice, obs: Any) -> None:

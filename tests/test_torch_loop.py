@@ -1,0 +1,255 @@
+"""Vector envs of torch tensors: the batches of the NumPy path, row for row, with no host sync per step.
+
+The reference for every check is the same env seen through :class:`NumpyView`,
+which presents its tensors as NumPy arrays (and SAME_STEP final observations in
+gymnasium's per-env layout), so that the collector's NumPy loop, tested exact
+elsewhere, collects it. Both see the same dynamics, seeds and policy.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict
+from torch import nn
+
+from torch_rollout import BatchKeys, Collector
+from torch_rollout.envs import CartPole, Pendulum
+
+from placements import LOCAL_PLACEMENTS
+
+T, N = 7, 6  # T is prime to the time limit below: episode ends fall on batch boundaries too
+MAX_STEPS = 9
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+TIMEOUT = 60.0
+KEYS = ("obs", "action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
+        "value", "next_value", "advantage", "return")  # fmt: skip
+# when a row was acted differs between runs that collect ahead (prefetch > 0), not what it holds
+
+
+class NumpyView(VectorEnv):
+    """A torch-tensor vector env presented with NumPy arrays, as gymnasium's own vector envs are (no ``device``)."""
+
+    def __init__(self, envs: VectorEnv) -> None:
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self.single_observation_space, self.observation_space = envs.single_observation_space, envs.observation_space
+        self.single_action_space, self.action_space = envs.single_action_space, envs.action_space
+        self.metadata = dict(envs.metadata)
+        self.autoreset_mode = envs.autoreset_mode
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        if options and "reset_mask" in options:
+            options = {"reset_mask": torch.as_tensor(options["reset_mask"])}
+        obs, infos = self.envs.reset(seed=seed, options=options)
+        return obs.numpy(), {}
+
+    def step(self, actions: np.ndarray) -> tuple:
+        obs, reward, terminated, truncated, infos = self.envs.step(torch.as_tensor(actions))
+        out = {}
+        for key in ("final_obs", "final_observation"):
+            if key in infos:  # gymnasium's per-env layout: an object array, None where no episode ended
+                ended = infos["_" + key].numpy()
+                final = np.empty(self.num_envs, dtype=object)
+                for i in np.flatnonzero(ended):
+                    final[i] = infos[key][i].numpy()
+                out["final_obs"], out["_final_obs"] = final, ended
+        return obs.numpy(), reward.numpy(), terminated.numpy(), truncated.numpy(), out
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.envs.close()
+
+
+class LinearPolicy(nn.Module):
+    """A deterministic policy of the observation: actions and values from one seeded linear layer."""
+
+    def __init__(self, obs_dim: int = 4, continuous: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(obs_dim, 2)
+        self.continuous = continuous
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        out = self.layer(obs)
+        action = 3.0 * out[:, :1] if self.continuous else (out[:, 0] > 0).long()  # Box actions beyond the bounds
+        return {"action": action, "value": out[:, 1], "log_prob": obs.sum(-1)}
+
+
+class RecurrentLinearPolicy(LinearPolicy):
+    """A recurrent policy whose state is a decaying sum of observations; values read the state."""
+
+    def forward(self, obs: torch.Tensor, state: TensorDict, is_init: torch.Tensor) -> dict:
+        out = super().forward(obs)
+        h = torch.where(is_init.unsqueeze(-1), state["h"], state["h"])  # the collector resets h; is_init is a check
+        out["value"] = out["value"] + h.sum(-1)
+        out["next_state"] = {"h": 0.5 * h + obs[:, :2]}
+        return out
+
+
+def h_state(num_envs: int) -> TensorDict:
+    return TensorDict({"h": torch.full((num_envs, 2), 0.25)}, batch_size=[num_envs])
+
+
+def make_cartpole(num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP, key: str = "final_obs") -> CartPole:
+    return CartPole(num_envs, autoreset_mode=mode, max_episode_steps=MAX_STEPS, final_obs_key=key)
+
+
+def collect(envs: Any, policy: nn.Module, batches: int = 4, **kwargs: Any) -> list[TensorDict]:
+    options = dict(num_steps=T, device="cpu", seed=5, timeout=TIMEOUT, total_timesteps=batches * T * N)
+    options.setdefault("num_envs", None if isinstance(envs, VectorEnv) else N)
+    with Collector(envs, policy, **{**options, **kwargs}) as collector:
+        return list(collector)
+
+
+def assert_same_batches(got: list[TensorDict], expected: list[TensorDict], keys: tuple[str, ...] = KEYS) -> None:
+    assert len(got) == len(expected)
+    for b, (g, e) in enumerate(zip(got, expected)):
+        for key in keys:
+            torch.testing.assert_close(g[key], e[key], rtol=0, atol=0, msg=lambda m, key=key, b=b: f"{key}, {b}: {m}")
+
+
+# The autoreset modes, SAME_STEP with both names of the final observations (gymnasium's and ManiSkill3's).
+MODES_AND_KEYS = [
+    pytest.param(AutoresetMode.NEXT_STEP, "final_obs", id="next_step"),
+    pytest.param(AutoresetMode.SAME_STEP, "final_obs", id="same_step-final_obs"),
+    pytest.param(AutoresetMode.SAME_STEP, "final_observation", id="same_step-final_observation"),
+    pytest.param(AutoresetMode.DISABLED, "final_obs", id="disabled"),
+]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1], ids=lambda p: f"prefetch{p}")
+@pytest.mark.parametrize(("mode", "key"), MODES_AND_KEYS)
+def test_batches_are_those_of_the_numpy_path(mode, key, prefetch):
+    """Every transition once and in order, masks, totals, bootstrap values of final observations, GAE."""
+    policy = LinearPolicy()
+    expected = collect(NumpyView(make_cartpole(N, mode, key)), policy, prefetch=prefetch, backend="thread")
+    got = collect(make_cartpole(N, mode, key), policy, prefetch=prefetch, backend="thread")
+    assert_same_batches(got, expected, keys=KEYS if prefetch else (*KEYS, "policy_version"))
+    assert all(isinstance(batch["obs"], torch.Tensor) for batch in got)
+    done = torch.cat([batch["done"] for batch in got])
+    assert done.any() and got[-1]["truncated"].any()  # episodes ended, time limits included
+    assert torch.cat([batch["terminated"] for batch in got]).any()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_recurrent_state_and_box_actions_match_the_numpy_path(mode):
+    """The state resets at episode starts, bootstraps use the state after the episode's last step; Box actions
+    reach the env clipped to its bounds, while the batch keeps the policy's own."""
+    policy = RecurrentLinearPolicy(obs_dim=3, continuous=True)
+    pendulum = functools.partial(Pendulum, N, autoreset_mode=mode, max_episode_steps=MAX_STEPS)
+    kwargs = dict(initial_state=h_state, backend="thread", prefetch=1)
+    expected = collect(NumpyView(pendulum()), policy, **kwargs)
+    got = collect(pendulum(), policy, **kwargs)
+    assert_same_batches(got, expected, keys=(*KEYS, "is_init", "h"))
+    assert (torch.cat([b["action"] for b in got]).abs() > 2).any()  # beyond the bounds: clipped for the env only
+
+
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS[1:])  # worker processes
+def test_a_torch_env_recipe_runs_in_worker_processes_with_the_threads_batches(placement):
+    """Env j is reset with seed + j and keeps its own episode stream wherever it steps."""
+    recipe = functools.partial(make_cartpole, mode=AutoresetMode.SAME_STEP)
+    expected = collect(recipe(N), LinearPolicy(), backend="thread", prefetch=1)
+    got = collect(recipe, LinearPolicy(), prefetch=1, **placement)
+    assert_same_batches(got, expected)
+
+
+_SYNCS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+class SyncCounter:
+    """Counts the calls that read a tensor's values back to the host (patched on torch.Tensor and torch)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.on = False
+        for name in _SYNCS:
+            monkeypatch.setattr(torch.Tensor, name, self._counting(name, getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch, "nonzero", self._counting("torch.nonzero", torch.nonzero))
+        monkeypatch.setattr(torch, "masked_select", self._counting("torch.masked_select", torch.masked_select))
+        getitem = torch.Tensor.__getitem__
+
+        def indexing(tensor: torch.Tensor, index: Any) -> Any:
+            indices = index if isinstance(index, tuple) else (index,)
+            if self.on and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
+                self.calls["boolean-mask indexing"] = self.calls.get("boolean-mask indexing", 0) + 1
+            return getitem(tensor, index)
+
+        monkeypatch.setattr(torch.Tensor, "__getitem__", indexing)
+
+    def _counting(self, name: str, function: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.on:
+                self.calls[name] = self.calls.get(name, 0) + 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def count(self, iterator: Any) -> dict[str, int]:
+        self.calls, self.on = {}, True
+        try:
+            next(iterator)
+        finally:
+            self.on = False
+        return self.calls
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_no_host_sync_per_step(mode, monkeypatch):
+    """The calls that read values back to the host are a fixed number per batch, whatever its number of steps."""
+    counter = SyncCounter(monkeypatch)
+    counts = {}
+    for steps in (4, 16):
+        envs = make_cartpole(N, mode)
+        with Collector(envs, LinearPolicy(), num_steps=steps, device="cpu", seed=1, backend="thread") as collector:
+            batches = iter(collector)
+            next(batches)  # the first batch learns the policy's outputs
+            counts[steps] = [counter.count(batches) for _ in range(3)]
+    assert counts[4] == counts[16], counts  # 0 per step
+    # At most the batch end's one nonzero, which gathers the final observations to value.
+    expected = {} if mode == AutoresetMode.NEXT_STEP else {"nonzero": 1}
+    assert counts[16] == [expected] * 3, counts
+
+
+def test_envs_of_tensors_that_do_not_say_so_are_named():
+    envs = make_cartpole(2)
+
+    class Hidden(NumpyView):
+        def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple:
+            return self.envs.reset(seed=seed, options=options)
+
+    message = "Collector: envs.reset() returned torch tensors, but Hidden does not say that it presents torch tensors"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        collect(Hidden(envs), LinearPolicy(), backend="thread")
+
+
+def test_info_keys_are_refused_for_torch_envs_with_the_fix():
+    with pytest.raises(ValueError, match=re.escape("is not available for vector envs of torch tensors yet")):
+        collect(make_cartpole(N), LinearPolicy(), backend="thread", keys=BatchKeys(info_keys=("x",)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_cuda_collection_has_no_host_sync_and_matches_the_cpu(mode):
+    policy = LinearPolicy()
+    expected = collect(make_cartpole(N, mode), policy, backend="thread", prefetch=0)
+    envs = CartPole(N, device="cuda", autoreset_mode=mode, max_episode_steps=MAX_STEPS)
+    cuda_policy = LinearPolicy().cuda()
+    with Collector(envs, cuda_policy, num_steps=T, device="cuda", seed=5, backend="thread", prefetch=0) as collector:
+        batches = iter(collector)
+        got = [next(batches)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            # Only the batch end's gathering of the rows that ended may sync: none in NEXT_STEP mode.
+            if mode == AutoresetMode.NEXT_STEP:
+                got += [next(batches) for _ in range(3)]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got += [next(batches) for _ in range(4 - len(got))]
+    assert_same_batches([b.cpu() for b in got], expected)
