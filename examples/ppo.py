@@ -209,6 +209,11 @@ def import_optional(module: str, key: str, package: str) -> types.ModuleType:
 # ---------------------------------------------------------------------------- environments
 
 
+def agent_device(cfg: Config) -> torch.device:
+    """Where the agent, the batches (and a torch-tensor env) live."""
+    return torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def placement(cfg: Config) -> str | Processes | Ray:
     """The collector's backend: the config's name, with its worker count for processes and Ray."""
     if cfg.backend == "process":
@@ -226,6 +231,14 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path 
     With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping. With
     `video`, the first episode of sub-env 0 is recorded to `<video>-episode-0.mp4`.
     """
+    if gym.spec(cfg.env_id).vector_entry_point is not None:
+        # a vector env of its own, such as torch_rollout/CartPole-v1 (torch tensors on the agent's device);
+        # the wrappers below are gymnasium's NumPy ones
+        numpy_only = ("mask_velocity", "normalize_obs", "normalize_reward", "clip_action")
+        if video is not None or any(getattr(cfg, key) for key in numpy_only):
+            raise ConfigError(f"{cfg.env_id} is a vector env of its own: {', '.join(numpy_only)} and capture_video "
+                              "are for gymnasium's NumPy envs")  # fmt: skip
+        return gym.make_vec(cfg.env_id, num_envs=num_envs, device=agent_device(cfg))
     wrappers = []
     if cfg.mask_velocity:
         if cfg.env_id != "CartPole-v1":
@@ -492,7 +505,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     start = time.perf_counter()
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = agent_device(cfg)
     # optional integrations fail now if a package they need is missing, not once the envs and the agent are built
     if cfg.track_tensorboard:
         import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
@@ -788,7 +801,8 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
         trained = state["config"]  # the batch size of training, whatever this evaluation overrides
         step = state["iteration"] * trained["num_envs"] * trained["num_steps"]
         video = Path(checkpoint).parent / "videos" / f"eval-step{step}"
-    envs = make_envs(cfg, cfg.eval_episodes, training=False, video=video)
+    # the agent evaluates on the CPU, and so does a vector env of torch tensors
+    envs = make_envs(dataclasses.replace(cfg, device="cpu"), cfg.eval_episodes, training=False, video=video)
     if state["obs_rms"] is not None:
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation)
         set_obs_rms(obs_norm, state["obs_rms"])
@@ -801,15 +815,17 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
     returns = np.zeros(cfg.eval_episodes)
     finished = np.zeros(cfg.eval_episodes, dtype=bool)
     obs, _ = envs.reset(seed=cfg.seed + 10_000)  # episodes unseen in training
+    torch_env = isinstance(obs, torch.Tensor)  # a vector env of torch tensors takes and returns tensors
     while not finished.all():
         with torch.no_grad():
             action, memory = agent.act_deterministic(torch.as_tensor(obs, dtype=torch.float32), memory)
+        if not torch_env:
             action = action.numpy()
-        if agent.continuous:
-            action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
+            if agent.continuous:
+                action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
         obs, reward, terminated, truncated, _ = envs.step(action)
-        returns += np.where(finished, 0.0, reward)
-        finished |= terminated | truncated
+        returns += np.where(finished, 0.0, np.asarray(reward))
+        finished |= np.asarray(terminated | truncated)
     envs.close()  # RecordVideo writes the file here at the latest
     mean, std = float(returns.mean()), float(returns.std())
     episodes = "1 episode" if cfg.eval_episodes == 1 else f"{cfg.eval_episodes} episodes"

@@ -153,6 +153,15 @@ def run_script(*args: str) -> str:
     return result.stdout
 
 
+def run_script_failing(*args: str) -> str:
+    """Runs the script expecting it to fail; returns its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode != 0, result.stdout
+    return result.stderr
+
+
 EVAL_LINE = re.compile(r"eval over 2 episodes: mean return (-?\d+\.\d) \+- (\d+\.\d)")
 
 
@@ -173,6 +182,23 @@ def test_smoke_cartpole_train_then_eval(tmp_path):
     assert checkpoint["config"]["env_id"] == "CartPole-v1" and checkpoint["obs_rms"] is None
 
     assert EVAL_LINE.search(run_script("--eval", str(run_dir / "checkpoint.pt"), "eval_episodes=2"))
+
+
+def test_torch_cartpole_config_trains_and_evaluates_on_the_torch_env(tmp_path):
+    """configs/ppo_cartpole_torch.yaml: one vector env of torch tensors, thousands of envs on the agent's device."""
+    run_dir = tmp_path / "run"
+    config = str(CONFIGS / "ppo_cartpole_torch.yaml")
+    out = run_script("--config", config, "total_timesteps=32768", "num_envs=256", f"run_dir={run_dir}")
+    assert re.search(r"final mean return \(last \d+ episodes\): ", out)
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [4096 * (i + 1) for i in range(8)]
+    assert float(rows[-1]["charts/episodes"]) > 0
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["config"]["env_id"] == "torch_rollout/CartPole-v1"
+    assert EVAL_LINE.search(run_script("--eval", str(run_dir / "checkpoint.pt"), "eval_episodes=2"))
+    refused = run_script_failing("--config", config, "normalize_obs=true", f"run_dir={tmp_path / 'refused'}")
+    assert "torch_rollout/CartPole-v1 is a vector env of its own" in refused
 
 
 def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
+from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
 from torch_rollout._envpool import envpool_envs
 from torch_rollout._envs import gym_envs
@@ -19,6 +20,7 @@ __all__ = [
     "compute_gae",
     "double_buffered",
     "envpool_envs",
+    "envs",
     "gym_envs",
 ]
 __version__ = "0.1.0"

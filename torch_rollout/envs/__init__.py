@@ -20,9 +20,26 @@ Examples:
     >>> ends.shape, obs.shape
     (torch.Size([4]), torch.Size([4, 4]))
     >>> envs.close()
+
+Both are registered with gymnasium, so an env id makes them too (on the CPU here):
+
+    >>> envs = gymnasium.make_vec("torch_rollout/CartPole-v1", num_envs=1024, device="cpu")
+    >>> envs.num_envs, envs.device, envs.spec.max_episode_steps
+    (1024, device(type='cpu'), 500)
+    >>> envs.close()
 """
+
+import gymnasium
 
 from torch_rollout.envs._cartpole import CartPole
 from torch_rollout.envs._pendulum import Pendulum
 
 __all__ = ["CartPole", "Pendulum"]
+
+# Their gymnasium ids, for gymnasium.make_vec and the Collector's envs: torch_rollout/CartPole-v1 and
+# torch_rollout/Pendulum-v1, made with their keyword arguments (device=..., autoreset_mode=...).
+for _name, _steps in (("CartPole", 500), ("Pendulum", 200)):
+    if f"torch_rollout/{_name}-v1" not in gymnasium.registry:
+        gymnasium.register(
+            f"torch_rollout/{_name}-v1", vector_entry_point=f"torch_rollout.envs:{_name}", max_episode_steps=_steps
+        )
