@@ -1,0 +1,311 @@
+"""Collection on a vector env of torch tensors (torch_rollout/CartPole-v1) in tiers, beside TorchRL's Collector.
+
+For each N (T=16 steps per batch, the benchmarks' 64x64 actor-critic, on the CPU), with one torch
+thread and with torch's default:
+
+- env alone: ``envs.step`` on actions drawn beforehand on the env's device;
+- policy alone: the actor-critic's forward (action, log-prob, value) on N observations;
+- serial floor: ``1 / (1 / env + 1 / policy)``, what a loop that steps and then acts cannot beat;
+- hand-written loop: obs -> forward -> step on the device, every row stored into preallocated
+  ``[T, N]`` tensors, the last row bootstrapped and GAE computed (``compute_gae``): the
+  collector's work written out for this env and NEXT_STEP autoreset;
+- ``Collector(envs, policy, backend="thread", prefetch=0)``: the same batches, GAE included;
+- TorchRL's ``Collector`` on the same dynamics (a small ``EnvBase`` adapter in DISABLED mode, which
+  TorchRL resets itself), then its ``GAE`` module on each batch, as in ``collect.py``.
+
+Systems run interleaved (A B C ... A B C), each built afresh per repeat. Frames are env steps
+x N. A separate line times end-to-end PPO: ``examples/ppo.py`` with
+``configs/ppo_cartpole_torch.yaml`` for a fixed number of steps (its own steps/s).
+
+Usage::
+
+    benchmarks/.venv/bin/python benchmarks/torch_envs.py [--repeats R] [--batches B] [--sizes N ...] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, run_interleaved, write_json
+
+T = 16
+SIZES = (256, 1024, 4096, 16384)
+GAMMA, GAE_LAMBDA = 0.99, 0.95
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cartpole(num_envs: int, **kwargs: Any) -> Any:
+    from torch_rollout.envs import CartPole
+
+    return CartPole(num_envs, **kwargs)
+
+
+class EnvAlone:
+    def __init__(self, num_envs: int) -> None:
+        self.envs = _cartpole(num_envs)
+        self.envs.reset(seed=0)
+        self.actions = torch.randint(0, 2, (T, num_envs), generator=torch.Generator().manual_seed(0))
+        self.frames = T * num_envs
+
+    def step(self) -> int:
+        for t in range(T):
+            self.envs.step(self.actions[t])
+        return self.frames
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class PolicyAlone:
+    def __init__(self, num_envs: int) -> None:
+        self.policy = make_policy()
+        self.obs = torch.randn(T, num_envs, 4, generator=torch.Generator().manual_seed(0))
+        self.frames = T * num_envs
+
+    def step(self) -> int:
+        with torch.no_grad():
+            for t in range(T):
+                self.policy(self.obs[t])
+        return self.frames
+
+    def close(self) -> None:
+        pass
+
+
+class HandLoop:
+    """The hand-written on-device loop: rows stored in preallocated storage, the last row bootstrapped, GAE."""
+
+    def __init__(self, num_envs: int) -> None:
+        from torch_rollout import compute_gae
+
+        self.compute_gae = compute_gae
+        self.envs = _cartpole(num_envs)
+        self.policy = make_policy()
+        self.obs, _ = self.envs.reset(seed=0)
+        N = num_envs
+        self.store = {
+            "obs": torch.empty(T, N, 4),
+            "action": torch.empty(T, N, dtype=torch.int64),
+            "log_prob": torch.empty(T, N),
+            "value": torch.empty(T, N),
+            "reward": torch.empty(T, N),
+            "terminated": torch.empty(T, N, dtype=torch.bool),
+            "truncated": torch.empty(T, N, dtype=torch.bool),
+            "mask": torch.empty(T, N, dtype=torch.bool),
+        }
+        self.prev_done = torch.zeros(N, dtype=torch.bool)
+        self.frames = T * N
+
+    def step(self) -> int:
+        s = self.store
+        with torch.no_grad():
+            for t in range(T):
+                s["obs"][t].copy_(self.obs)
+                out = self.policy(self.obs)
+                s["action"][t].copy_(out["action"])
+                s["log_prob"][t].copy_(out["log_prob"])
+                s["value"][t].copy_(out["value"])
+                self.obs, reward, terminated, truncated, _ = self.envs.step(out["action"])
+                s["reward"][t].copy_(reward)
+                s["terminated"][t].copy_(terminated)
+                s["truncated"][t].copy_(truncated)
+                s["mask"][t].copy_(~self.prev_done)
+                self.prev_done = terminated | truncated
+            next_value = torch.cat([s["value"][1:], self.policy.get_value(self.obs).unsqueeze(0)])
+            self.compute_gae(
+                s["reward"], s["value"], next_value, s["terminated"], s["truncated"], gamma=GAMMA, gae_lambda=GAE_LAMBDA
+            )
+        return self.frames
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class Collecting:
+    def __init__(self, num_envs: int) -> None:
+        from torch_rollout import GAE, Collector
+
+        self.collector = Collector(
+            _cartpole(num_envs),
+            make_policy(),
+            num_steps=T,
+            device="cpu",
+            seed=0,
+            backend="thread",
+            prefetch=0,
+            gae=GAE(GAMMA, GAE_LAMBDA),
+        )
+        self.batches = iter(self.collector)
+        self.frames = T * num_envs
+
+    def step(self) -> int:
+        next(self.batches)
+        return self.frames
+
+    def close(self) -> None:
+        self.collector.close()
+
+
+def torchrl_env(num_envs: int) -> Any:
+    """torch_rollout/CartPole-v1 as a TorchRL ``EnvBase`` of batch size ``[num_envs]`` (TorchRL resets ended envs)."""
+    from gymnasium.vector import AutoresetMode
+    from tensordict import TensorDict
+    from torchrl.data import Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class TorchRLCartPole(EnvBase):
+        def __init__(self) -> None:
+            super().__init__(device="cpu", batch_size=[num_envs])
+            self.envs = _cartpole(num_envs, autoreset_mode=AutoresetMode.DISABLED)
+            self.observation_spec = Composite(observation=Unbounded(shape=(num_envs, 4)), shape=(num_envs,))
+            self.action_spec = Categorical(2, shape=(num_envs,))
+            self.reward_spec = Unbounded(shape=(num_envs, 1))
+
+        def _reset(self, tensordict: Any = None) -> Any:
+            mask = None if tensordict is None else tensordict.get("_reset", None)
+            if mask is None:
+                obs, _ = self.envs.reset(seed=0)
+            else:
+                obs, _ = self.envs.reset(options={"reset_mask": mask.reshape(-1)})
+            done = torch.zeros(num_envs, 1, dtype=torch.bool)
+            return TensorDict(
+                {"observation": obs, "done": done, "terminated": done.clone(), "truncated": done.clone()},
+                batch_size=[num_envs],
+            )
+
+        def _step(self, tensordict: Any) -> Any:
+            obs, reward, terminated, truncated, _ = self.envs.step(tensordict["action"])
+            return TensorDict(
+                {
+                    "observation": obs,
+                    "reward": reward.unsqueeze(-1),
+                    "terminated": terminated.unsqueeze(-1),
+                    "truncated": truncated.unsqueeze(-1),
+                    "done": (terminated | truncated).unsqueeze(-1),
+                },
+                batch_size=[num_envs],
+            )
+
+        def _set_seed(self, seed: int | None) -> None:
+            pass
+
+    return TorchRLCartPole()
+
+
+class TorchRL:
+    """TorchRL's ``Collector`` over the adapter, then its ``GAE`` module on each batch."""
+
+    def __init__(self, num_envs: int) -> None:
+        from tensordict.nn import TensorDictModule
+        from torchrl.collectors import Collector
+        from torchrl.objectives.value import GAE
+
+        policy = make_policy()
+        actor = TensorDictModule(
+            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
+        )
+        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
+        frames = T * num_envs
+        self.collector = Collector(torchrl_env(num_envs), actor, frames_per_batch=frames, total_frames=-1, device="cpu")
+        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
+        self.batches = iter(self.collector)
+        self.frames = frames
+
+    def step(self) -> int:
+        batch = next(self.batches)
+        with torch.no_grad():
+            self.gae(batch)
+        return self.frames
+
+    def close(self) -> None:
+        self.collector.shutdown()
+
+
+def run_size(num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
+    factories = {
+        "env alone": lambda: EnvAlone(num_envs),
+        "policy alone": lambda: PolicyAlone(num_envs),
+        "hand-written loop": lambda: HandLoop(num_envs),
+        "Collector thread, prefetch=0": lambda: Collecting(num_envs),
+    }
+    if importlib.util.find_spec("torchrl") is not None:
+        factories["TorchRL Collector + GAE"] = lambda: TorchRL(num_envs)
+    rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    serial = 1.0 / (1.0 / medians["env alone"] + 1.0 / medians["policy alone"])
+    return {"rates": rates, "medians": medians, "serial": serial}
+
+
+def ppo_steps_per_s(total_timesteps: int, threads: int | None) -> float | None:
+    """End-to-end: the example's torch CartPole config for ``total_timesteps``; its own reported steps/s."""
+    config = ROOT / "configs" / "ppo_cartpole_torch.yaml"
+    args = [sys.executable, str(ROOT / "examples" / "ppo.py"), "--config", str(config)]
+    args += [f"total_timesteps={total_timesteps}", "run_dir=/tmp/torch_rollout_bench_ppo"]
+    if threads is not None:
+        args.append(f"torch_threads={threads}")
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    found = re.search(r"\((\d+\.\d+) s\)", out.stdout)
+    if out.returncode != 0 or found is None:
+        return None
+    return total_timesteps / float(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=8, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--ppo-steps", type=int, default=500_000, help="env steps of the end-to-end PPO run; 0: skip")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 2 batches, N=256 and 1024, no PPO")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.batches, args.sizes, args.ppo_steps = 1, 2, [256, 1024], 0
+    quiet_warnings()
+    default_threads = torch.get_num_threads()
+    results: dict[str, Any] = {"machine": machine_info(), "T": T, "repeats": args.repeats, "batches": args.batches}
+    for threads in (1, default_threads):
+        torch.set_num_threads(threads)
+        load = os.getloadavg()[0]
+        per_size = {str(n): run_size(n, args.repeats, args.batches) for n in args.sizes}
+        ppo = ppo_steps_per_s(args.ppo_steps, threads) if args.ppo_steps else None
+        results[f"threads={threads}"] = {"sizes": per_size, "ppo_steps_per_s": ppo, "load_1m_start": load}
+        rows = []
+        for n, result in per_size.items():
+            hand = result["medians"]["hand-written loop"]
+            for name, median in result["medians"].items():
+                values = result["rates"][name]
+                rows.append(
+                    [
+                        f"N={n}",
+                        name,
+                        fmt_rate(median),
+                        f"{fmt_rate(min(values))} - {fmt_rate(max(values))}",
+                        f"{median / result['serial']:.2f}x",
+                        f"{median / hand:.2f}x",
+                    ]
+                )
+            rows.append([f"N={n}", "serial floor (env + policy)", fmt_rate(result["serial"]), "", "1.00x", ""])
+        print(
+            f"\n{threads} torch thread(s); 1-min load {load:.2f} at the start; T={T}, {args.repeats} interleaved "
+            f"repeats of {args.batches} batches; frames/s"
+        )
+        print(markdown_table(["N", "system", "median", "min - max", "x serial floor", "x hand loop"], rows))
+        if ppo is not None:
+            print(f"end-to-end PPO (configs/ppo_cartpole_torch.yaml, {args.ppo_steps} steps): {fmt_rate(ppo)} steps/s")
+    torch.set_num_threads(default_threads)
+    path = write_json("torch_envs_quick" if args.quick else "torch_envs", results)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
