@@ -28,8 +28,21 @@ T, N = 7, 6  # T is prime to the time limit below: episode ends fall on batch bo
 MAX_STEPS = 9
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 TIMEOUT = 60.0
-KEYS = ("obs", "action", "reward", "terminated", "truncated", "done", "mask", "episode_return", "episode_length",
-        "value", "next_value", "advantage", "return")  # fmt: skip
+KEYS = (
+    "obs",
+    "action",
+    "reward",
+    "terminated",
+    "truncated",
+    "done",
+    "mask",
+    "episode_return",
+    "episode_length",
+    "value",
+    "next_value",
+    "advantage",
+    "return",
+)
 # when a row was acted differs between runs that collect ahead (prefetch > 0), not what it holds
 
 

@@ -83,9 +83,15 @@ class TorchRolloutLoop(RolloutLoop):
                 "info_keys out"
             )
         super().__init__(
-            envs, forward, spec, device=device, storage_device=storage_device, seed=seed, stop=stop,
+            envs,
+            forward,
+            spec,
+            device=device,
+            storage_device=storage_device,
+            seed=seed,
+            stop=stop,
             env_offset=env_offset,
-        )  # fmt: skip
+        )
         self.on_host = False  # no NumPy views: every row is written with tensor ops
         self.missing_final: Tensor | None = None
 
@@ -141,8 +147,9 @@ class TorchRolloutLoop(RolloutLoop):
     def _step_tensor(self, value: Any, what: str, dtype: torch.dtype) -> Tensor:
         if not isinstance(value, Tensor) or tuple(value.shape) != (self.num_envs,):
             got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ValueError(f"Collector: envs.step() returned {what} {got}, expected a torch.Tensor of shape "
-                             f"({self.num_envs},)")  # fmt: skip
+            raise ValueError(
+                f"Collector: envs.step() returned {what} {got}, expected a torch.Tensor of shape ({self.num_envs},)"
+            )
         return value.to(dtype)
 
     def _env_action(self, action: Tensor) -> Tensor:
@@ -162,9 +169,11 @@ class TorchRolloutLoop(RolloutLoop):
             # gymnasium's layout: one entry per env, None where it did not end (read on the host)
             present = np.asarray(info.get("_" + key, [entry is not None for entry in final]))
             rows = [final[i] if present[i] else _row(next_obs, i) for i in range(self.num_envs)]
-            stacked = torch.stack(rows) if isinstance(rows[0], Tensor) else {
-                k: torch.stack([row[k] for row in rows]) for k in rows[0]
-            }  # fmt: skip
+            stacked = (
+                torch.stack(rows)
+                if isinstance(rows[0], Tensor)
+                else {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
+            )
             return self._check_obs(stacked, f"envs.step() infos[{key!r}]")
         # No final observation this step: right only if no env ended, which is checked at the batch's end.
         self.missing_final = done if self.missing_final is None else self.missing_final | done
