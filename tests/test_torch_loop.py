@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from tensordict import TensorDict
 from torch import nn
 
@@ -46,6 +46,13 @@ KEYS = (
 # when a row was acted differs between runs that collect ahead (prefetch > 0), not what it holds
 
 
+FINAL_OBS_KEYS = ("final_obs", "_final_obs", "final_observation", "_final_observation")
+
+
+def _numpy(value: Any) -> Any:
+    return {k: _numpy(v) for k, v in value.items()} if isinstance(value, dict) else value.numpy()
+
+
 class NumpyView(VectorEnv):
     """A torch-tensor vector env presented with NumPy arrays, as gymnasium's own vector envs are (no ``device``)."""
 
@@ -55,7 +62,7 @@ class NumpyView(VectorEnv):
         self.single_observation_space, self.observation_space = envs.single_observation_space, envs.observation_space
         self.single_action_space, self.action_space = envs.single_action_space, envs.action_space
         self.metadata = dict(envs.metadata)
-        self.autoreset_mode = envs.autoreset_mode
+        self.autoreset_mode = envs.metadata["autoreset_mode"]
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         if options and "reset_mask" in options:
@@ -65,8 +72,8 @@ class NumpyView(VectorEnv):
 
     def step(self, actions: np.ndarray) -> tuple:
         obs, reward, terminated, truncated, infos = self.envs.step(torch.as_tensor(actions))
-        out = {}
-        for key in ("final_obs", "final_observation"):
+        out = {key: _numpy(value) for key, value in infos.items() if key not in FINAL_OBS_KEYS}
+        for key in FINAL_OBS_KEYS[::2]:
             if key in infos:  # gymnasium's per-env layout: an object array, None where no episode ended
                 ended = infos["_" + key].numpy()
                 final = np.empty(self.num_envs, dtype=object)
@@ -218,8 +225,10 @@ def test_no_host_sync_per_step(mode, monkeypatch):
     counter = SyncCounter(monkeypatch)
     counts = {}
     for steps in (4, 16):
-        envs = make_cartpole(N, mode)
-        with Collector(envs, LinearPolicy(), num_steps=steps, device="cpu", seed=1, backend="thread") as collector:
+        envs = StepInfos(make_cartpole(N, mode))  # infos too
+        keys = BatchKeys(info_keys=("x", "ends"))
+        with Collector(envs, LinearPolicy(), num_steps=steps, device="cpu", seed=1, backend="thread", keys=keys) as c:
+            collector = c
             batches = iter(collector)
             next(batches)  # the first batch learns the policy's outputs
             counts[steps] = [counter.count(batches) for _ in range(3)]
@@ -241,9 +250,34 @@ def test_envs_of_tensors_that_do_not_say_so_are_named():
         collect(Hidden(envs), LinearPolicy(), backend="thread")
 
 
-def test_info_keys_are_refused_for_torch_envs_with_the_fix():
-    with pytest.raises(ValueError, match=re.escape("is not available for vector envs of torch tensors yet")):
-        collect(make_cartpole(N), LinearPolicy(), backend="thread", keys=BatchKeys(info_keys=("x",)))
+class StepInfos(VectorWrapper):
+    """Infos of tensors: the returned cart position and a nested dict; SAME_STEP's final_info holds the ended step's."""
+
+    def step(self, actions: Any) -> tuple:
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        ones = torch.ones(self.num_envs, dtype=torch.bool)
+        infos = {**infos, "x": obs[:, 0].double(), "_x": ones, "ends": {"term": terminated}, "_ends": ones}
+        if "final_obs" in infos:
+            ended = infos["_final_obs"]
+            final = infos["final_obs"]
+            infos["final_info"] = {"x": final[:, 0].double(), "_x": ended, "ends": {"term": terminated}, "_ends": ended}
+        return obs, reward, terminated, truncated, infos
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_infos_are_those_of_the_numpy_path(mode):
+    """Each row's infos are its step's (SAME_STEP: final_info for the envs that ended), with their presence masks."""
+    keys = BatchKeys(info_keys=("x", "ends"))
+    expected = collect(NumpyView(StepInfos(make_cartpole(N, mode))), LinearPolicy(), backend="thread", keys=keys)
+    got = collect(StepInfos(make_cartpole(N, mode)), LinearPolicy(), backend="thread", keys=keys)
+    assert_same_batches(got, expected, keys=(*KEYS, "info"))
+    info = got[0]["info"]
+    assert info["x"].dtype == torch.float32 and info["ends", "term"].dtype == torch.bool
+
+
+def test_infos_a_torch_env_lacks_are_named():
+    with pytest.raises(ValueError, match=re.escape("Collector: info_keys names 'nope', but the first step's infos")):
+        collect(make_cartpole(N), LinearPolicy(), backend="thread", keys=BatchKeys(info_keys=("nope",)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -76,12 +76,6 @@ class TorchRolloutLoop(RolloutLoop):
         stop: Callable[[], bool] = lambda: False,
         env_offset: int = 0,
     ) -> None:
-        if spec.info_keys is not None:
-            raise ValueError(
-                f"Collector: keys=BatchKeys(info_keys={sorted(spec.info_keys)}) is not available for vector envs of "
-                "torch tensors yet; record what you need in the policy's outputs or an env wrapper, or leave "
-                "info_keys out"
-            )
         super().__init__(
             envs,
             forward,
@@ -93,6 +87,7 @@ class TorchRolloutLoop(RolloutLoop):
             env_offset=env_offset,
         )
         self.on_host = False  # no NumPy views: every row is written with tensor ops
+        self.infos = None if spec.info_keys is None else TensorInfos(spec.info_keys, self.num_envs, self.autoreset_mode)
         self.missing_final: Tensor | None = None
 
     # -- the env's side ------------------------------------------------------------------------
@@ -216,6 +211,7 @@ class TorchRolloutLoop(RolloutLoop):
         else:
             rows["mask"].fill_(True)
         # SAME_STEP and DISABLED: the observations that ended episodes, valued at the batch's end.
+        info_rows = None if self.infos is None or out is None else out["info"]
         wants_final = self.has_value is not False and mode != AutoresetMode.NEXT_STEP
         final_store = final_mask = final_states = None
         versions: list[int] = []
@@ -269,6 +265,10 @@ class TorchRolloutLoop(RolloutLoop):
             else:
                 self.ep_length += 1
                 starts = done
+            if self.infos is not None:
+                if info_rows is None:
+                    info_rows = self.infos.empty_rows(info, T, store)
+                self.infos.record(info_rows, t, info, done, real if mode == AutoresetMode.NEXT_STEP else None)
             self.ep_return += r
             views["episode_return"][t].copy_(self.ep_return, non_blocking=True)
             views["episode_length"][t].copy_(self.ep_length, non_blocking=True)
@@ -307,6 +307,8 @@ class TorchRolloutLoop(RolloutLoop):
         policy_version = torch.tensor(versions, dtype=torch.int64).unsqueeze(1).repeat(1, N)
         if out is None:
             batch = {self.obs_key: obs_store, **outputs, **rows, "policy_version": policy_version.to(store)}
+            if info_rows is not None:
+                batch["info"] = info_rows
             if self.has_value:
                 batch["next_value"] = torch.empty_like(outputs[self.value_key])
             out = TensorDict(batch, batch_size=[T, N], device=store)
@@ -366,6 +368,104 @@ class TorchRolloutLoop(RolloutLoop):
                 row = leaf[env]
                 what = name if key is None else f"{name} {key!r}"
                 self._raise_non_finite(what, env, row.tolist() if row.dim() else row.item(), call, t)
+
+
+class TensorInfos:
+    """The named infos of each step as tensors ``[T, N, ...]`` with a presence mask ``_key`` per key, on the device.
+
+    Each kept key's value must be a tensor with a leading ``num_envs`` dimension
+    (or a dict of such, stored as a nested TensorDict); its structure (shapes,
+    dtypes, float64 stored as float32) is fixed by the first step's infos. Which
+    infos belong to a row follows the NumPy path: in SAME_STEP mode an env that
+    ended takes the key from ``infos["final_info"]`` where that holds it (with
+    ``infos["_final_info"]`` as the mask of the envs it covers); in NEXT_STEP mode
+    the reset rows' infos are masked out. Presence is ``infos["_" + key]`` where
+    the env gives one, else every env. Absent values are stored as 0 (or False).
+    """
+
+    def __init__(self, specs: Mapping[str, Any], num_envs: int, autoreset_mode: AutoresetMode) -> None:
+        if any(example is not None for example in specs.values()):
+            raise ValueError(
+                "Collector: info_keys examples are for NumPy envs; a vector env of torch tensors gives its infos' "
+                "structure at the first step: name the keys only, e.g. BatchKeys(info_keys=('success',))"
+            )
+        self.keys = list(specs)
+        self.num_envs = num_envs
+        self.same_step = autoreset_mode == AutoresetMode.SAME_STEP
+
+    def _value(self, infos: Mapping[str, Any], key: str) -> Tensor | TensorDictBase | None:
+        value = infos.get(key)
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            value = TensorDict(dict(value), batch_size=[self.num_envs])
+        if not isinstance(value, (Tensor, TensorDictBase)) or value.shape[:1] != (self.num_envs,):
+            got = tuple(value.shape) if isinstance(value, (Tensor, TensorDictBase)) else type(value).__name__
+            raise ValueError(
+                f"Collector: info {key!r} of a vector env of torch tensors must be a tensor (or a dict of tensors) "
+                f"with a leading size of num_envs={self.num_envs}, got {got}"
+            )
+        return value
+
+    def empty_rows(self, infos: Mapping[str, Any], T: int, device: torch.device) -> TensorDict:
+        """Zeroed ``[T, N]`` storage shaped like the first step's infos."""
+        final = infos.get("final_info") or {}
+        rows = {}
+        for key in self.keys:
+            value = self._value(infos, key)
+            if value is None:
+                value = self._value(final, key)
+            if value is None:
+                raise ValueError(
+                    f"Collector: info_keys names {key!r}, but the first step's infos have no such key (they have "
+                    f"{sorted(map(str, infos))}); a vector env of torch tensors gives every kept key at every step"
+                )
+            rows[key] = _zeros_like_rows(value, T, device)
+            rows["_" + key] = torch.zeros((T, self.num_envs), dtype=torch.bool, device=device)
+        return TensorDict(rows, batch_size=[T, self.num_envs], device=device)
+
+    def record(self, rows: TensorDict, t: int, infos: Mapping[str, Any], done: Tensor, real: Tensor | None) -> None:
+        """Writes row ``t``: each key's value where present, 0 elsewhere, and its presence mask."""
+        final = infos.get("final_info") or {}
+        final_mask = infos.get("_final_info")
+        for key in self.keys:
+            value = self._value(infos, key)
+            present = infos.get("_" + key)
+            present = torch.ones_like(done) if present is None else present.to(done.device, torch.bool)
+            if value is None:
+                value, present = rows[key][t], torch.zeros_like(done)
+            if self.same_step:
+                ended = self._value(final, key)
+                if ended is not None:
+                    covered = done if final_mask is None else done & final_mask.to(done.device, torch.bool)
+                    value = _where(covered, ended, value)
+                    present = present | covered
+            if real is not None:
+                present = present & real
+            present = present.to(rows.device)
+            rows[key][t] = _where(present, value.to(rows.device), 0)
+            rows["_" + key][t] = present
+
+
+def _zeros_like_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
+    if isinstance(value, TensorDictBase):
+        return TensorDict(
+            {key: _zeros_like_rows(value[key], T, device) for key in value.keys()},
+            batch_size=[T, *value.batch_size],
+            device=device,
+        )
+    dtype = torch.float32 if value.dtype == torch.float64 else value.dtype
+    return torch.zeros((T, *value.shape), dtype=dtype, device=device)
+
+
+def _where(mask: Tensor, value: Any, other: Any) -> Any:
+    """``torch.where`` over the rows of a tensor or of every leaf of a TensorDict (``mask``: ``[N]``)."""
+    if isinstance(value, TensorDictBase):
+        other_leaf = (lambda key: other[key]) if isinstance(other, TensorDictBase) else (lambda key: other)
+        return TensorDict(
+            {key: _where(mask, value[key], other_leaf(key)) for key in value.keys()}, batch_size=value.batch_size
+        )
+    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)
 
 
 _ROW_KEYS = ("reward", "terminated", "truncated", "mask", "episode_return", "episode_length")
