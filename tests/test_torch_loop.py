@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from torch_rollout import BatchKeys, Collector
-from torch_rollout.envs import CartPole, Pendulum
+from torch_rollout.envs import CartPole, FromRslRl, Pendulum
 
 from placements import LOCAL_PLACEMENTS
 
@@ -300,3 +300,55 @@ def test_cuda_collection_has_no_host_sync_and_matches_the_cpu(mode):
             torch.cuda.set_sync_debug_mode("default")
         got += [next(batches) for _ in range(4 - len(got))]
     assert_same_batches([b.cpu() for b in got], expected)
+
+
+class RslRlCartPole:
+    """CartPole stepped the rsl_rl way: observation groups, resets inside step, dones and extras["time_outs"]."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
+        self.num_envs, self.device, self.num_actions = num_envs, self.envs.device, 1
+        self.obs, _ = self.envs.reset(seed=0)
+
+    def get_observations(self) -> TensorDict:
+        return TensorDict({"policy": self.obs, "critic": 2 * self.obs}, batch_size=[self.num_envs])
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        self.obs, reward, terminated, truncated, _ = self.envs.step((actions[:, 0] > 0).long())
+        return self.get_observations(), reward, terminated | truncated, {"time_outs": truncated}
+
+
+class GroupPolicy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.actor, self.critic = nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, obs: TensorDict) -> dict:
+        return {"action": self.actor(obs["policy"]), "value": self.critic(obs["critic"])}
+
+
+@pytest.mark.parametrize("bootstrap", ["last_obs", "none"])
+def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
+    keys = BatchKeys(info_keys=("bootstrap",))
+    batches = collect(FromRslRl(RslRlCartPole(N), bootstrap=bootstrap), GroupPolicy(), seed=None, keys=keys)
+    batch = torch.cat(batches)
+    assert isinstance(batch["obs"], TensorDict) and set(batch["obs"].keys()) == {"policy", "critic"}
+    time_outs = batch["info", "bootstrap"] > 0
+    assert time_outs.any() and batch["terminated"].any()
+    if bootstrap == "last_obs":  # a time-out bootstraps from V(s_t): its own row's value
+        assert torch.equal(batch["truncated"], time_outs)
+        assert torch.equal(batch["next_value"][time_outs], batch["value"][time_outs])
+        assert torch.equal(batch["info", "bootstrap"][time_outs], torch.ones(int(time_outs.sum()), dtype=torch.int8))
+    else:  # a time-out ends like a termination
+        assert not batch["truncated"].any() and batch["terminated"][time_outs].all()
+        assert (batch["info", "bootstrap"][time_outs] == 2).all()
+    exact = ~time_outs & ~batch["done"]
+    torch.testing.assert_close(batch["next_value"][:-1][exact[:-1]], batch["value"][1:][exact[:-1]])
+
+
+def test_rsl_rl_style_envs_need_a_bootstrap_choice_and_their_own_seed():
+    with pytest.raises(ValueError, match=re.escape("FromRslRl: bootstrap=None; this env returns the next episode's")):
+        FromRslRl(RslRlCartPole(2))
+    with pytest.raises(ValueError, match=re.escape("FromRslRl.reset: seed=5, but an rsl_rl-style env is seeded")):
+        collect(FromRslRl(RslRlCartPole(N), bootstrap="none"), GroupPolicy(), seed=5)

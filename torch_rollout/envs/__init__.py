@@ -33,8 +33,9 @@ import gymnasium
 
 from torch_rollout.envs._cartpole import CartPole
 from torch_rollout.envs._pendulum import Pendulum
+from torch_rollout.envs._rsl_rl import FromRslRl
 
-__all__ = ["CartPole", "Pendulum"]
+__all__ = ["CartPole", "FromRslRl", "Pendulum"]
 
 # Their gymnasium ids, for gymnasium.make_vec and the Collector's envs: torch_rollout/CartPole-v1 and
 # torch_rollout/Pendulum-v1, made with their keyword arguments (device=..., autoreset_mode=...).
