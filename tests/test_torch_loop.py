@@ -352,3 +352,11 @@ def test_rsl_rl_style_envs_need_a_bootstrap_choice_and_their_own_seed():
         FromRslRl(RslRlCartPole(2))
     with pytest.raises(ValueError, match=re.escape("FromRslRl.reset: seed=5, but an rsl_rl-style env is seeded")):
         collect(FromRslRl(RslRlCartPole(N), bootstrap="none"), GroupPolicy(), seed=5)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+def test_compiled_acting_gives_the_eager_batches(mode):
+    """compile_policy on this path: the forward and the batch end's bootstrap calls (padded to num_envs) compile."""
+    expected = collect(make_cartpole(N, mode), LinearPolicy(), backend="thread")
+    got = collect(make_cartpole(N, mode), LinearPolicy(), backend="thread", compile_policy={"backend": "aot_eager"})
+    assert_same_batches(got, expected)
