@@ -44,23 +44,33 @@ GAMMA, GAE_LAMBDA = 0.99, 0.95
 ROOT = Path(__file__).resolve().parent.parent
 
 
+DEVICE = torch.device("cpu")  # --device
+
+
 def _cartpole(num_envs: int, **kwargs: Any) -> Any:
     from torch_rollout.envs import CartPole
 
-    return CartPole(num_envs, **kwargs)
+    return CartPole(num_envs, device=DEVICE, **kwargs)
+
+
+def _done(frames: int) -> int:
+    """``frames``, once the device has finished the work queued for them (CUDA runs asynchronously)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    return frames
 
 
 class EnvAlone:
     def __init__(self, num_envs: int) -> None:
         self.envs = _cartpole(num_envs)
         self.envs.reset(seed=0)
-        self.actions = torch.randint(0, 2, (T, num_envs), generator=torch.Generator().manual_seed(0))
+        self.actions = torch.randint(0, 2, (T, num_envs), generator=torch.Generator().manual_seed(0)).to(DEVICE)
         self.frames = T * num_envs
 
     def step(self) -> int:
         for t in range(T):
             self.envs.step(self.actions[t])
-        return self.frames
+        return _done(self.frames)
 
     def close(self) -> None:
         self.envs.close()
@@ -68,15 +78,15 @@ class EnvAlone:
 
 class PolicyAlone:
     def __init__(self, num_envs: int) -> None:
-        self.policy = make_policy()
-        self.obs = torch.randn(T, num_envs, 4, generator=torch.Generator().manual_seed(0))
+        self.policy = make_policy().to(DEVICE)
+        self.obs = torch.randn(T, num_envs, 4, generator=torch.Generator().manual_seed(0)).to(DEVICE)
         self.frames = T * num_envs
 
     def step(self) -> int:
         with torch.no_grad():
             for t in range(T):
                 self.policy(self.obs[t])
-        return self.frames
+        return _done(self.frames)
 
     def close(self) -> None:
         pass
@@ -90,20 +100,20 @@ class HandLoop:
 
         self.compute_gae = compute_gae
         self.envs = _cartpole(num_envs)
-        self.policy = make_policy()
+        self.policy = make_policy().to(DEVICE)
         self.obs, _ = self.envs.reset(seed=0)
         N = num_envs
         self.store = {
-            "obs": torch.empty(T, N, 4),
-            "action": torch.empty(T, N, dtype=torch.int64),
-            "log_prob": torch.empty(T, N),
-            "value": torch.empty(T, N),
-            "reward": torch.empty(T, N),
-            "terminated": torch.empty(T, N, dtype=torch.bool),
-            "truncated": torch.empty(T, N, dtype=torch.bool),
-            "mask": torch.empty(T, N, dtype=torch.bool),
+            "obs": torch.empty(T, N, 4, device=DEVICE),
+            "action": torch.empty(T, N, dtype=torch.int64, device=DEVICE),
+            "log_prob": torch.empty(T, N, device=DEVICE),
+            "value": torch.empty(T, N, device=DEVICE),
+            "reward": torch.empty(T, N, device=DEVICE),
+            "terminated": torch.empty(T, N, dtype=torch.bool, device=DEVICE),
+            "truncated": torch.empty(T, N, dtype=torch.bool, device=DEVICE),
+            "mask": torch.empty(T, N, dtype=torch.bool, device=DEVICE),
         }
-        self.prev_done = torch.zeros(N, dtype=torch.bool)
+        self.prev_done = torch.zeros(N, dtype=torch.bool, device=DEVICE)
         self.frames = T * N
 
     def step(self) -> int:
@@ -125,7 +135,7 @@ class HandLoop:
             self.compute_gae(
                 s["reward"], s["value"], next_value, s["terminated"], s["truncated"], gamma=GAMMA, gae_lambda=GAE_LAMBDA
             )
-        return self.frames
+        return _done(self.frames)
 
     def close(self) -> None:
         self.envs.close()
@@ -137,9 +147,9 @@ class Collecting:
 
         self.collector = Collector(
             _cartpole(num_envs),
-            make_policy(),
+            make_policy().to(DEVICE),
             num_steps=T,
-            device="cpu",
+            device=DEVICE,
             seed=0,
             backend="thread",
             prefetch=0,
@@ -150,7 +160,7 @@ class Collecting:
 
     def step(self) -> int:
         next(self.batches)
-        return self.frames
+        return _done(self.frames)
 
     def close(self) -> None:
         self.collector.close()
@@ -238,7 +248,7 @@ def run_size(num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
         "hand-written loop": lambda: HandLoop(num_envs),
         "Collector thread, prefetch=0": lambda: Collecting(num_envs),
     }
-    if importlib.util.find_spec("torchrl") is not None:
+    if importlib.util.find_spec("torchrl") is not None and DEVICE.type == "cpu":
         factories["TorchRL Collector + GAE"] = lambda: TorchRL(num_envs)
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
     medians = {name: statistics.median(values) for name, values in rates.items()}
@@ -267,12 +277,16 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--ppo-steps", type=int, default=500_000, help="env steps of the end-to-end PPO run; 0: skip")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 batches, N=256 and 1024, no PPO")
+    parser.add_argument("--device", default="cpu", help="where envs, policy and batches live (cuda: no TorchRL)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.quick:
         args.repeats, args.batches, args.sizes, args.ppo_steps = 1, 2, [256, 1024], 0
     quiet_warnings()
     default_threads = torch.get_num_threads()
-    results: dict[str, Any] = {"machine": machine_info(), "T": T, "repeats": args.repeats, "batches": args.batches}
+    results: dict[str, Any] = {"machine": machine_info(), "device": str(DEVICE), "T": T}
+    results.update(repeats=args.repeats, batches=args.batches)
     for threads in (1, default_threads):
         torch.set_num_threads(threads)
         load = os.getloadavg()[0]
@@ -303,7 +317,8 @@ def main() -> None:
         if ppo is not None:
             print(f"end-to-end PPO (configs/ppo_cartpole_torch.yaml, {args.ppo_steps} steps): {fmt_rate(ppo)} steps/s")
     torch.set_num_threads(default_threads)
-    path = write_json("torch_envs_quick" if args.quick else "torch_envs", results)
+    name = "torch_envs" + ("" if DEVICE.type == "cpu" else f"_{DEVICE.type}") + ("_quick" if args.quick else "")
+    path = write_json(name, results)
     print(f"\nwrote {path}")
 
 
