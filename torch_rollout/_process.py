@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
-from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -120,25 +119,12 @@ class ProcessPlacement(RemotePlacement):
                 self.conns.append(parent_end)
                 self.processes.append(process)
             # Each worker reports its envs once they are built and reset (or the error that stopped it).
-            deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-            if not self._gather("ready", deadline):
-                raise self._failure or TimeoutError(
-                    f"Collector: the worker processes did not build and reset their envs within timeout="
-                    f"{startup_timeout} s"
-                )
-            modes = {self._received[k]["autoreset_mode"] for k in range(num_workers)}
-            self._received = {}
-            if len(modes) > 1:
-                raise ValueError(
-                    f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}"
-                )
+            self.autoreset_mode = self._await_ready(
+                startup_timeout, "the worker processes did not build and reset their envs"
+            )
         except BaseException:
             self.close(0.0)
             raise
-        self.autoreset_mode = AutoresetMode(modes.pop())
-
-    def start(self) -> None:
-        pass  # the workers started in __init__: their envs had to exist before the Collector did
 
     # -- weights -------------------------------------------------------------------------------
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -158,25 +156,14 @@ class RayPlacement(RemotePlacement):
         try:
             self._payload = ray.put((recipe, runner, spec))
             self._ready_refs = [self._start(k) for k in range(num_workers)]
-            deadline = None if startup_timeout is None else time.monotonic() + startup_timeout
-            if not self._gather("ready", deadline):
-                raise self._failure or TimeoutError(
-                    f"Collector: the Ray workers were not placed or did not build and reset their envs within "
-                    f"timeout={startup_timeout} s (Ray waits until a node offers the resources of Ray(options=...))"
-                )
-            modes = {self._received[k]["autoreset_mode"] for k in range(num_workers)}
-            self._received = {}
-            if len(modes) > 1:
-                raise ValueError(
-                    f"Collector: the Ray workers' vector envs run in different autoreset modes {sorted(modes)}"
-                )
+            self.autoreset_mode = self._await_ready(
+                startup_timeout,
+                "the Ray workers were not placed (Ray waits until a node offers the resources of Ray(options=...)) "
+                "or did not build and reset their envs",
+            )
         except BaseException:
             self.close(0.0)
             raise
-        self.autoreset_mode = AutoresetMode(modes.pop())
-
-    def start(self) -> None:
-        pass  # the actors started in __init__: their envs had to exist before the Collector did
 
     def _start(self, k: int) -> Any:
         """Creates worker ``k``'s actor and asks it to build and reset its envs; returns the ref of its answer."""

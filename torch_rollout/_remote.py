@@ -111,6 +111,23 @@ class RemotePlacement:
             self._poll(kind, [k for k in range(self.num_workers) if k not in self._received], timeout)
         return self._failure is None
 
+    def start(self) -> None:
+        pass  # the workers started in __init__: their envs had to exist before the Collector did
+
+    def _await_ready(self, timeout: float | None, waiting_for: str) -> AutoresetMode:
+        """Gathers every worker's ``("ready", info)`` (its envs built and reset); returns their autoreset mode.
+
+        ``waiting_for`` ends the TimeoutError's message ``the workers did not ... within timeout=``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._gather("ready", deadline):
+            raise self._failure or TimeoutError(f"Collector: {waiting_for} within timeout={timeout} s")
+        modes = {self._received[k]["autoreset_mode"] for k in range(self.num_workers)}
+        self._received = {}
+        if len(modes) > 1:
+            raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")
+        return AutoresetMode(modes.pop())
+
     def wait(self, deadline: float | None) -> bool:
         """Waits until ``ready`` holds the next ``[T, N]`` batch on ``device`` or the error of a worker.
 
