@@ -14,7 +14,7 @@ observations, which envs ended) waits for the batch's end, where one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -64,28 +64,8 @@ class TorchRolloutLoop(RolloutLoop):
     weights acting then.
     """
 
-    def __init__(
-        self,
-        envs: VectorEnv,
-        forward: Forward,
-        spec: LoopSpec,
-        *,
-        device: torch.device,
-        storage_device: torch.device | None = None,
-        seed: int | None = None,
-        stop: Callable[[], bool] = lambda: False,
-        env_offset: int = 0,
-    ) -> None:
-        super().__init__(
-            envs,
-            forward,
-            spec,
-            device=device,
-            storage_device=storage_device,
-            seed=seed,
-            stop=stop,
-            env_offset=env_offset,
-        )
+    def __init__(self, envs: VectorEnv, forward: Forward, spec: LoopSpec, **placement: Any) -> None:
+        super().__init__(envs, forward, spec, **placement)  # device, storage_device, seed, stop, env_offset
         self.on_host = False  # no NumPy views: every row is written with tensor ops
         self.infos = None if spec.info_keys is None else TensorInfos(spec.info_keys, self.num_envs, self.autoreset_mode)
         self.missing_final: Tensor | None = None
