@@ -19,9 +19,8 @@ from torch import Tensor
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, empty_rows
 from torch_rollout._spaces import ObsBuffer, first_non_finite, obs_to_tensor
-from torch_rollout._torch_loop import TorchRolloutLoop, presents_torch
 
-__all__ = ["AsyncRolloutLoop", "is_async_pool", "loop_class"]
+__all__ = ["AsyncRolloutLoop", "is_async_pool"]
 
 
 def is_async_pool(envs: VectorEnv) -> bool:
@@ -52,20 +51,6 @@ def is_async_pool(envs: VectorEnv) -> bool:
             "send/recv itself, past any wrapper: pass the pool unwrapped, or make it with batch_size=num_envs"
         )
     return True
-
-
-def loop_class(envs: VectorEnv) -> type[RolloutLoop]:
-    """The loop for ``envs``: one per kind of vector env.
-
-    :class:`AsyncRolloutLoop` for envs stepped with send/recv,
-    :class:`~torch_rollout._torch_loop.TorchRolloutLoop` for envs of torch tensors,
-    else :class:`~torch_rollout._loop.RolloutLoop` (NumPy arrays).
-    """
-    if is_async_pool(envs):
-        return AsyncRolloutLoop
-    if presents_torch(envs):
-        return TorchRolloutLoop
-    return RolloutLoop
 
 
 class _Rows:

@@ -19,7 +19,6 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
-from torch_rollout._envpool import check_envpool
 from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._infos import InfoRecorder
 from torch_rollout._spaces import (
@@ -174,7 +173,6 @@ class RolloutLoop:
         self.stop = stop
         self.env_offset = env_offset
         self.obs_key = spec.obs_key
-        check_envpool(envs, seed)  # a pool of the user's own given a seed (it would ignore it) is refused
         self.infos = (
             None
             if spec.info_keys is None

@@ -25,7 +25,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 
-from torch_rollout._async_loop import loop_class
+from torch_rollout._drivers import make_loop
 from torch_rollout._envs import RemoteTraceback, split_envs
 from torch_rollout._loop import Forward, RolloutLoop
 from torch_rollout._spec import LoopSpec
@@ -188,7 +188,7 @@ def worker_loop(
 
     The envs are reset before it returns.
     """
-    loop = loop_class(envs)(  # an EnvPool in async mode gets its own loop
+    loop = make_loop(  # the driver of the envs' kind
         envs,
         forward,
         spec,

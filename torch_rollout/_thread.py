@@ -15,8 +15,8 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._async_loop import loop_class
 from torch_rollout._compile import acting_call
+from torch_rollout._drivers import make_loop
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped
@@ -70,9 +70,7 @@ class ThreadPlacement:
         self.requested = 0
         self.stop = threading.Event()
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
-        self.loop: RolloutLoop = loop_class(envs)(
-            envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set
-        )
+        self.loop: RolloutLoop = make_loop(envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set)
         self.autoreset_mode = self.loop.autoreset_mode
         # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
         self.act = acting_call(runner, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned)
