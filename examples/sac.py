@@ -53,7 +53,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sac_pendu
 
 @dataclasses.dataclass
 class Config:
-    """SAC hyperparameters; the defaults are CleanRL's sac_continuous_action.py, the YAML file tunes them.
+    """SAC hyperparameters; those of SAC are CleanRL's sac_continuous_action.py, the YAML file tunes them per env.
 
     The comment beside each field is its description in `--help`, the headings its groups there.
     """
@@ -183,7 +183,7 @@ class Actor(nn.Module):
         super().__init__()
         act_dim = int(np.prod(action_space.shape))
         self.net = mlp(obs_dim, 2 * act_dim, hidden)  # [mean, log_std]
-        # buffers, so that the collector's acting copy has them too
+        # buffers: they follow .to(device), and reach the collector's acting copy with the weights
         self.register_buffer("scale", torch.as_tensor((action_space.high - action_space.low) / 2, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((action_space.high + action_space.low) / 2, dtype=torch.float32))
 
