@@ -18,7 +18,7 @@ from torch import Tensor
 
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv
 from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped, empty_rows
-from torch_rollout._spaces import ObsBuffer, first_non_finite, obs_to_tensor
+from torch_rollout._spaces import Obs, ObsBuffer, first_non_finite, obs_to_tensor
 
 __all__ = ["AsyncRolloutLoop", "is_async_pool"]
 
@@ -125,6 +125,8 @@ class AsyncRolloutLoop(RolloutLoop):
     speed within a step or two of each other, while an env much slower than
     the others lets them run batches ahead (their rows wait in later batches'
     storage). Rows acted before a weight refresh keep the version that acted.
+    A row's next observation (with ``next_obs_key``) is the observation of the
+    env's next row, which is what its step returned.
     In recurrent mode each env's state goes with it.
 
     Args:
@@ -407,10 +409,21 @@ class AsyncRolloutLoop(RolloutLoop):
             # Row 0 of the next batch acted on the observation after row T - 1 (the final one, at an episode end).
             next_value[-1] = after.outputs[self.value_key][0]
             batch["next_value"] = next_value
+        if self.next_obs_key is not None:
+            batch[self.next_obs_key] = _next_obs(rows, after).to(device)
         out = TensorDict(batch, batch_size=[T, N], device=device)
         if rows.states is not None:
             out.update(rows.states)
         return out
+
+
+def _next_obs(rows: _Rows, after: _Rows) -> Obs:
+    """Each row's true next observation: the next row's, which is what the env's step returned (NEXT_STEP).
+
+    At an episode end that is the final observation; a reset row's (``mask``
+    False) is the reset observation. The last row's is row 0 of the next batch.
+    """
+    return torch.cat([rows.obs.tensor[1:], after.obs.tensor[:1]])
 
 
 def _widen(value: Tensor | TensorDictBase, n: int) -> Tensor | TensorDictBase:

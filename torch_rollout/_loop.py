@@ -130,7 +130,8 @@ class RolloutLoop:
     A batch is a TensorDict on ``storage_device`` with ``obs`` (named
     ``obs_key``), every policy output, ``reward``, ``terminated``,
     ``truncated``, ``mask``, ``episode_return``, ``episode_length``,
-    ``policy_version``, ``info`` with ``info_keys`` and, when the policy
+    ``policy_version``, ``info`` with ``info_keys``, ``"next_" + obs_key``
+    with ``next_obs_key`` (see :meth:`_write_next_obs`) and, when the policy
     returns ``"value"`` (or TorchRL's ``"state_value"``), ``next_value``.
     ``collect(out)`` writes into ``out`` (a batch of an earlier call, e.g. a
     shared-memory slot) or into new tensors when ``out`` is None.
@@ -140,7 +141,7 @@ class RolloutLoop:
         forward: the placement's policy call (it holds the weights lock and knows the version).
         spec: the collector's settings, the same for every loop (rows per batch, obs key, finite
             checks, info keys, a recurrent policy's initial state of all the collector's envs:
-            this loop takes the rows of its own envs, from ``env_offset``).
+            this loop takes the rows of its own envs, from ``env_offset``; the next observations' key).
         device: where the policy runs (observations are moved there).
         storage_device: where batches are written; ``device`` for the thread,
             the CPU (shared memory) for worker processes.
@@ -173,6 +174,9 @@ class RolloutLoop:
         self.stop = stop
         self.env_offset = env_offset
         self.obs_key = spec.obs_key
+        self.next_obs_key = spec.next_obs_key
+        # (t, envs, their final observations) of this batch's episode ends, with next_obs_key (SAME_STEP, DISABLED).
+        self.final_obs: list[tuple[int, np.ndarray, Any]] = []
         self.infos = (
             None
             if spec.info_keys is None
@@ -271,6 +275,7 @@ class RolloutLoop:
         )
         mask.fill(True)
         final_values: list[tuple[int, np.ndarray, Tensor]] = []  # (t, envs, V(final obs))
+        self.final_obs = []
         self.batches += 1
         # The rows of each [T, ...] tensor as views made once per batch: indexing a tensor costs more
         # than the copy of a row (the loop's own work per step is what limits it on fast envs).
@@ -343,8 +348,11 @@ class RolloutLoop:
                 self.state = self._reset_state(next_state, starts)
                 self.is_init = starts
 
+        next_obs = None if self.next_obs_key is None else self._write_next_obs(obs_buffer.tensor, out)
         if out is None:
             batch = {self.obs_key: obs_buffer.tensor, **outputs}
+            if next_obs is not None:
+                batch[self.next_obs_key] = next_obs
             for key, array in host.items():
                 batch[key] = torch.from_numpy(array).to(self.storage_device, non_blocking=True)
             if info_rows is not None:
@@ -386,7 +394,8 @@ class RolloutLoop:
             return next_obs
         index = np.flatnonzero(done)
         final = None
-        if mode == AutoresetMode.SAME_STEP and (self.has_value or self.check_finite):
+        keep_final = self.next_obs_key is not None
+        if mode == AutoresetMode.SAME_STEP and (self.has_value or self.check_finite or keep_final):
             if "final_obs" not in info:
                 raise KeyError(
                     "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
@@ -395,9 +404,11 @@ class RolloutLoop:
             final = stack_final_obs(self.obs_space, info["final_obs"], index)
             if self.check_finite:
                 self._check_finite(final, None, "envs.step() in infos['final_obs']", t, index)
+        if final is None and (self.has_value or keep_final):  # DISABLED: what the step returned, before the reset
+            final = select_obs(self.obs_space, next_obs, index)
+        if keep_final:
+            self.final_obs.append((t, index, final))
         if self.has_value:
-            if final is None:
-                final = select_obs(self.obs_space, next_obs, index)
             # One batched value call for every env that ended this step, with the state after their last step.
             final_t = obs_to_tensor(self.obs_space, final, self.device)
             if self.initial_state is None:
@@ -414,6 +425,37 @@ class RolloutLoop:
             if self.check_finite:
                 self._check_finite(next_obs, None, "envs.reset(options={'reset_mask': ...})", t)
         return next_obs
+
+    def _write_next_obs(self, obs: Obs, out: TensorDict | None) -> Obs:
+        """Each row's true next observation, ``[T, n, ...]``: into ``out[next_obs_key]``, or new storage.
+
+        The next row's observation, for the last row the one the next batch
+        starts with: what each step returned, except for envs whose episode
+        ended in SAME_STEP and DISABLED modes, whose next row starts after a
+        reset; their final observations (kept by :meth:`_finish_episodes`) are
+        written over those. In NEXT_STEP mode the step after an episode end is
+        the reset row (``mask`` False), whose next observation is the reset one.
+        """
+        if out is None:
+            next_obs = ObsBuffer(self.obs_space, (self.num_steps, self.num_envs), device=self.storage_device).tensor
+        else:
+            next_obs = out[self.next_obs_key]
+        next_obs[:-1] = obs[1:]
+        self._write_obs_rows(next_obs, -1, None, self.obs)
+        for t, index, final in self.final_obs:
+            self._write_obs_rows(next_obs, t, index, final)
+        return next_obs
+
+    def _write_obs_rows(self, storage: Obs, t: int, index: np.ndarray | None, obs: Any) -> None:
+        """Writes env observations ``obs`` into row ``t`` of ``storage``, at envs ``index`` (None: all of them).
+
+        Torch ops on any device, as it runs once per batch and episode end, not per step.
+        """
+        rows = obs_to_tensor(self.obs_space, obs, storage.device)
+        if index is None:
+            storage[t] = rows
+        else:
+            storage[t, torch.from_numpy(index).to(storage.device)] = rows
 
     def _write_next_value(self, out: TensorDict, final_values: list[tuple[int, np.ndarray, Tensor]]) -> None:
         # The last row bootstraps from the observation the next batch starts with.
@@ -604,6 +646,11 @@ class RolloutLoop:
                         f"Collector: policy outputs {clash} have the names of initial_state's entries, which the "
                         "batch stores at those keys; rename one of them"
                     )
+            if self.next_obs_key is not None and self.next_obs_key in items:
+                raise ValueError(
+                    f"Collector: the policy returns {self.next_obs_key!r}, the batch key of the next observations "
+                    f"with BatchKeys(next_obs=True) ('next_' + obs_key); rename that output, or pass another obs_key"
+                )
             self.output_keys = list(items)
             self.has_value = value is not None
         elif n == self.num_envs and items.keys() != set(self.output_keys):

@@ -12,7 +12,7 @@ from torch_rollout._infos import check_info_keys
 
 __all__ = ["BATCH_KEYS", "BatchKeys", "LoopSpec"]
 
-# Keys the collector writes into every batch: obs_key cannot take one of them.
+# Keys the collector writes into every batch: obs_key (and with next_obs, "next_" + obs_key) cannot take one of them.
 BATCH_KEYS = frozenset(
     (
         "action",
@@ -34,7 +34,7 @@ BATCH_KEYS = frozenset(
 
 @dataclass(frozen=True)
 class BatchKeys:
-    """Which keys a batch holds beyond the ones it always has: the observations' name and the env infos kept.
+    """Which keys a batch holds beyond the ones it always has: the observations' name, next observations, infos.
 
     Args:
         obs_key: the batch key of observations, and the key a TensorDictModule
@@ -42,14 +42,20 @@ class BatchKeys:
         info_keys: env info keys to keep in ``batch["info"]`` (see ``docs/infos.md``):
             a sequence of names, or a mapping of names to an example value of one
             env (``None``: learn it from the first reset and step).
+        next_obs: also keep each row's true next observation, at ``"next_" + obs_key``
+            (the final observation at an episode end, never a reset observation), for
+            off-policy learners; it doubles the observations' storage (see ``docs/off-policy.md``).
 
     Examples:
         >>> BatchKeys(obs_key="observation", info_keys=("is_success",))
-        BatchKeys(obs_key='observation', info_keys=('is_success',))
+        BatchKeys(obs_key='observation', info_keys=('is_success',), next_obs=False)
+        >>> BatchKeys(next_obs=True).next_obs_key
+        'next_obs'
     """
 
     obs_key: str = "obs"
     info_keys: Sequence[str] | Mapping[str, Any] | None = None
+    next_obs: bool = False
     # The checked form of info_keys, {key: example or None}: what the loops record.
     info_specs: dict[str, Any] | None = field(init=False, repr=False, compare=False)
 
@@ -59,7 +65,21 @@ class BatchKeys:
                 f"BatchKeys: obs_key must be a str other than the batch's own keys {sorted(BATCH_KEYS)}, got "
                 f"{self.obs_key!r} (TorchRL's modules read 'observation')"
             )
+        if not isinstance(self.next_obs, bool):
+            raise TypeError(
+                f"BatchKeys: next_obs must be True or False, got {type(self.next_obs).__name__} {self.next_obs!r}"
+            )
+        if self.next_obs and self.next_obs_key in BATCH_KEYS:
+            raise ValueError(
+                f"BatchKeys: with next_obs=True the next observations are stored at 'next_' + obs_key = "
+                f"{self.next_obs_key!r}, which is one of the batch's own keys; pass another obs_key"
+            )
         object.__setattr__(self, "info_specs", check_info_keys(self.info_keys))
+
+    @property
+    def next_obs_key(self) -> str | None:
+        """The batch key of next observations, ``"next_" + obs_key``, with ``next_obs=True``; else None."""
+        return "next_" + self.obs_key if self.next_obs else None
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,8 @@ class LoopSpec:
         initial_state: a recurrent policy's initial state of all the collector's
             envs, ``[num_envs, ...]`` on the CPU (each loop takes its rows), or None.
         compile_options: ``torch.compile`` keyword arguments for acting, or None: eager.
+        next_obs_key: the batch key of each row's true next observation (``"next_" + obs_key``),
+            or None: the batch has none.
     """
 
     num_steps: int
@@ -87,3 +109,4 @@ class LoopSpec:
     info_keys: dict[str, Any] | None
     initial_state: TensorDictBase | None
     compile_options: dict[str, Any] | None
+    next_obs_key: str | None

@@ -78,8 +78,10 @@ class Collector:
     ``truncated``, ``done``, ``mask`` (False for NEXT_STEP reset rows, which are
     no transition), ``next_value`` (the value of the true next state: at an
     episode end of the final observation), ``advantage`` and ``return`` (with
-    ``gae``), ``episode_return``, ``episode_length``, ``policy_version`` and,
-    with ``keys=BatchKeys(info_keys=...)``, ``info``.
+    ``gae``), ``episode_return``, ``episode_length``, ``policy_version``,
+    with ``keys=BatchKeys(info_keys=...)`` ``info`` and, with
+    ``keys=BatchKeys(next_obs=True)``, ``next_obs`` (the true next observation:
+    at an episode end the final one).
 
     The whole contract (keys, autoreset modes, bootstrapping, acting mode,
     policy lag, errors) is in ``docs/contract.md``; placements in
@@ -118,8 +120,9 @@ class Collector:
             (an env that hangs); ``None``: wait forever.
         check_finite: raise ``ValueError`` naming the key, env and step when an
             observation, a reward or a Box action is NaN or infinite.
-        keys: :class:`BatchKeys`: the observations' key (``obs_key``) and the env
-            infos kept in ``batch["info"]`` (``info_keys``).
+        keys: :class:`BatchKeys`: the observations' key (``obs_key``), the env
+            infos kept in ``batch["info"]`` (``info_keys``), and whether rows keep their
+            true next observation (``next_obs``, for off-policy learners).
         initial_state: a recurrent policy's initial state, a TensorDict of
             ``[num_envs, ...]`` tensors or a function ``initial_state(num_envs)``
             returning one; the policy is then called as ``policy(obs, state, is_init)``.
@@ -268,8 +271,9 @@ class Collector:
             obs_key=keys.obs_key,
             check_finite=bool(check_finite),
             info_keys=keys.info_specs,
-            initial_state=None if initial_state is None else _initial_state(initial_state, num_envs, keys.obs_key),
+            initial_state=None if initial_state is None else _initial_state(initial_state, num_envs, keys),
             compile_options=compile_options,
+            next_obs_key=keys.next_obs_key,
         )
 
         self.policy = policy
@@ -551,7 +555,7 @@ def _check_int(name: str, x: Any, *, minimum: int) -> None:
 _STATE_RESERVED_KEYS = BATCH_KEYS | {"value", "state_value", "log_prob", "is_init", "next", "next_state"}
 
 
-def _initial_state(initial_state: Any, num_envs: int, obs_key: str) -> TensorDictBase:
+def _initial_state(initial_state: Any, num_envs: int, keys: BatchKeys) -> TensorDictBase:
     """``initial_state`` as a TensorDict ``[num_envs, ...]`` on the CPU (workers take their rows of it)."""
     given = initial_state
     if callable(initial_state) and not isinstance(initial_state, (TensorDictBase, Mapping)):
@@ -573,7 +577,8 @@ def _initial_state(initial_state: Any, num_envs: int, obs_key: str) -> TensorDic
                 f"Collector: initial_state entry {key!r} has shape {tuple(tensor.shape)}, expected a leading size of "
                 f"num_envs={num_envs} (one row per env)"
             )
-    clash = sorted(key for key in initial_state.keys() if key in _STATE_RESERVED_KEYS | {obs_key})
+    observations = {keys.obs_key} if keys.next_obs_key is None else {keys.obs_key, keys.next_obs_key}
+    clash = sorted(key for key in initial_state.keys() if key in _STATE_RESERVED_KEYS | observations)
     if clash:
         raise ValueError(
             f"Collector: initial_state entries {clash} would overwrite keys of the batch; the batch stores the state "

@@ -1,0 +1,461 @@
+"""SAC on top of torch_rollout: one file, read top to bottom.
+
+Config, agent, replay buffer, main loop, then the command line. The collector steps the
+envs and acts with the actor in a background thread (or a worker process) while this
+script runs gradient steps; each small batch of T steps per env goes into a replay buffer
+with its true next observations (`BatchKeys(next_obs=True)`: the final observation at an
+episode end, never the reset one). Each run writes progress.csv and config.yaml into its
+run folder.
+
+Usage::
+
+    python examples/sac.py --help                          # every config key, its default and meaning
+    python examples/sac.py                                 # Pendulum-v1, configs/sac_pendulum.yaml
+    python examples/sac.py seed=2 total_timesteps=50000    # key=value overrides
+    python examples/sac.py backend=process                 # collect in one worker process instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import inspect
+import math
+import re
+import shutil
+import textwrap
+import time
+import types
+import typing
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+from tensordict import TensorDict
+from torch.distributions import Normal
+
+from torch_rollout import BatchKeys, Collector, Processes
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sac_pendulum.yaml"
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass
+class Config:
+    """SAC hyperparameters; those of SAC are CleanRL's sac_continuous_action.py, the YAML file tunes them per env.
+
+    The comment beside each field is its description in `--help`, the headings its groups there.
+    """
+
+    # the run
+    exp_name: str = "sac"  # first part of the run folder's name
+    run_dir: str | None = None  # output folder; None: runs/<exp_name>_<env_id>_seed<seed>
+    seed: int = 1  # seeds the networks' init, the env resets, the replay samples and action sampling
+    device: str = "cpu"  # where the networks, the replay buffer and the batches live
+    torch_threads: int = 1  # intra-op threads for the trainer's torch ops
+
+    # environments and collection
+    env_id: str = "Pendulum-v1"  # any gymnasium id with a flat Box observation and a Box action space
+    num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
+    num_steps: int = 2  # steps per env per batch (T): the replay buffer gets T * N transitions at a time
+    backend: str = "thread"  # where collection runs: "thread" or "process" (one worker process)
+    prefetch: int = 1  # batches collected ahead of training (acting lags the trainer by as many batches)
+    total_timesteps: int = 1_000_000  # env transitions to collect (all envs together)
+
+    # SAC
+    buffer_size: int = 1_000_000  # transitions the replay buffer keeps; the oldest are overwritten
+    learning_starts: int = 5_000  # env steps collected (with the untrained actor) before the first update
+    batch_size: int = 256  # transitions per gradient step
+    update_ratio: float = 1.0  # gradient steps per env step collected
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # target critics' Polyak step
+    policy_lr: float = 3e-4  # Adam step size of the actor (and of the temperature)
+    q_lr: float = 1e-3  # Adam step size of the critics
+    policy_frequency: int = 2  # critic steps per actor step (the actor then takes this many, delayed as TD3)
+    alpha: float = 0.2  # entropy temperature at the start
+    autotune: bool = True  # learn the temperature towards an entropy of -action_dim
+    hidden_size: int = 256  # width of the two ReLU layers of the actor and of each critic
+
+    # logging
+    return_window: int = 20  # episodes in the reported mean return
+    log_every: int = 1_000  # env steps between rows of progress.csv
+    target_return: float | None = None  # report the first env step where the mean return reaches this
+
+
+class ConfigError(ValueError):
+    """A config file or override names an unknown key or gives a value of the wrong type."""
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Checks `value` against a field's type; returns it, ints widened to float."""
+    expected = annotation
+    if isinstance(annotation, types.UnionType):  # only `X | None` in Config
+        if value is None:
+            return None
+        (expected,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    name = expected.__name__ if expected is annotation else f"{expected.__name__} or None"
+    error = ConfigError(f"config key {key!r}: expected {name}, got {value!r} ({type(value).__name__})")
+    if isinstance(value, bool) != (expected is bool):  # bool is an int subclass: True must not pass as 1
+        raise error
+    if expected is float and isinstance(value, (int, str)):
+        try:
+            return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
+        except ValueError:
+            raise error from None
+    if not isinstance(value, expected):
+        raise error
+    return value
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Builds a Config from the YAML file at `path`, then `key=value` overrides (read as YAML scalars).
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a malformed override.
+    """
+    hints = typing.get_type_hints(Config)
+    values: dict[str, Any] = {}
+
+    def set_value(key: str, value: Any, where: str) -> None:
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown config key {key!r}; known keys: {', '.join(hints)}")
+        try:
+            values[key] = _coerce(key, value, hints[key])
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}") from None
+
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        for key, value in loaded.items():
+            set_value(str(key), value, str(path))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE")
+        key = key.strip()
+        if hints.get(key) in (str, str | None) and text != "null":
+            value = text
+        else:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"override {item!r}: {text!r} is not a YAML scalar") from None
+        set_value(key, value, f"override {item!r}")
+    cfg = Config(**values)
+    if cfg.backend not in ("thread", "process"):
+        raise ConfigError(f"config key 'backend': expected 'thread' or 'process', got {cfg.backend!r}")
+    if cfg.prefetch < 1:
+        raise ConfigError(f"config key 'prefetch': expected >= 1 (collection beside training), got {cfg.prefetch}")
+    return cfg
+
+
+# ---------------------------------------------------------------------------- agent
+
+
+def mlp(in_features: int, out_features: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out_features)
+    )
+
+
+class Actor(nn.Module):
+    """A tanh-squashed Gaussian policy, scaled to the action space's bounds."""
+
+    LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int) -> None:
+        super().__init__()
+        act_dim = int(np.prod(action_space.shape))
+        self.net = mlp(obs_dim, 2 * act_dim, hidden)  # [mean, log_std]
+        # buffers: they follow .to(device), and reach the collector's acting copy with the weights
+        self.register_buffer("scale", torch.as_tensor((action_space.high - action_space.low) / 2, dtype=torch.float32))
+        self.register_buffer("bias", torch.as_tensor((action_space.high + action_space.low) / 2, dtype=torch.float32))
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparametrised action [B, act_dim] within the bounds, and its log-probability [B]."""
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        # squashed into [LOG_STD_MIN, LOG_STD_MAX] smoothly, as CleanRL does
+        log_std = self.LOG_STD_MIN + 0.5 * (self.LOG_STD_MAX - self.LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        normal = Normal(mean, log_std.exp(), validate_args=False)
+        u = normal.rsample()
+        squashed = torch.tanh(u)
+        # change of variables through tanh and the scaling (1e-6 keeps the log finite at the bounds)
+        log_prob = normal.log_prob(u) - torch.log(self.scale * (1 - squashed.pow(2)) + 1e-6)
+        return squashed * self.scale + self.bias, log_prob.sum(-1)
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The collector's policy: a sampled action for obs [N, obs_dim]."""
+        return {"action": self.sample(obs)[0]}
+
+
+class Critic(nn.Module):
+    """Two Q-networks (clipped double Q): Q1(s, a), Q2(s, a), each [B]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.q1, self.q2 = mlp(obs_dim + act_dim, 1, hidden), mlp(obs_dim + act_dim, 1, hidden)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------- replay buffer
+
+
+class ReplayBuffer:
+    """A ring buffer of transitions preallocated on the device; the oldest are overwritten once it is full."""
+
+    KEYS = ("obs", "action", "reward", "next_obs", "terminated")
+
+    def __init__(self, capacity: int, example: TensorDict) -> None:
+        # storage shaped like one transition of a batch, [capacity, ...]
+        self.data = example.select(*self.KEYS)[0].expand(capacity).clone()
+        self.capacity, self.pos, self.size = capacity, 0, 0
+
+    def extend(self, rows: TensorDict) -> None:
+        """Appends transitions [B] (the real rows of a batch)."""
+        n = min(rows.shape[0], self.capacity)
+        index = (self.pos + torch.arange(n, device=self.data.device)) % self.capacity
+        self.data[index] = rows.select(*self.KEYS)[-n:]
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> TensorDict:
+        index = torch.randint(self.size, (batch_size,), device=self.data.device, generator=generator)
+        return self.data[index]
+
+
+# ---------------------------------------------------------------------------- training
+
+
+LOG_FIELDS = [
+    "step",
+    "wall_time",
+    "charts/mean_return",
+    "charts/episodes",
+    "charts/SPS",
+    "charts/policy_lag",
+    "losses/qf_loss",
+    "losses/qf_value",
+    "losses/actor_loss",
+    "losses/alpha",
+    "time/wait_s",
+    "time/update_s",
+]
+
+
+class SAC:
+    """The learner: actor, twin critics and their targets, the temperature, and one gradient step at a time."""
+
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, cfg: Config, device: torch.device) -> None:
+        act_dim = int(np.prod(action_space.shape))
+        self.cfg = cfg
+        self.actor = Actor(obs_dim, action_space, cfg.hidden_size).to(device)
+        self.critic = Critic(obs_dim, act_dim, cfg.hidden_size).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        # fused: one kernel for all parameters instead of a loop over them
+        self.q_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.q_lr, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr, fused=True)
+        self.log_alpha = torch.tensor(math.log(cfg.alpha), device=device, requires_grad=cfg.autotune)
+        self.target_entropy = -float(act_dim)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.policy_lr) if cfg.autotune else None
+        self.steps = 0
+        self.stats: dict[str, torch.Tensor] = {}
+
+    def update(self, data: TensorDict) -> None:
+        """One critic step on transitions [B]; every policy_frequency-th also that many actor steps."""
+        cfg, alpha = self.cfg, self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = self.actor.sample(data["next_obs"])
+            target_q = torch.min(*self.critic_target(data["next_obs"], next_action)) - alpha * next_log_prob
+            # only termination stops the bootstrap: a truncated episode (Pendulum's time limit) goes on
+            # beyond the last row, from the true next observation that next_obs holds
+            target = data["reward"] + cfg.gamma * (~data["terminated"]) * target_q
+        q1, q2 = self.critic(data["obs"], data["action"])
+        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.q_optimizer.zero_grad(set_to_none=True)
+        qf_loss.backward()
+        self.q_optimizer.step()
+        self.stats["losses/qf_loss"], self.stats["losses/qf_value"] = qf_loss.detach(), q1.detach().mean()
+
+        if self.steps % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):
+                action, log_prob = self.actor.sample(data["obs"])
+                actor_loss = (alpha * log_prob - torch.min(*self.critic(data["obs"], action))).mean()
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                actor_loss.backward()
+                self.actor_optimizer.step()
+                if self.alpha_optimizer is not None:
+                    alpha_loss = -(self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
+                    self.alpha_optimizer.zero_grad(set_to_none=True)
+                    alpha_loss.backward()
+                    self.alpha_optimizer.step()
+                    alpha = self.log_alpha.detach().exp()
+            self.stats["losses/actor_loss"], self.stats["losses/alpha"] = actor_loss.detach(), alpha
+        # Polyak averaging of the targets, one fused call over all tensors
+        with torch.no_grad():
+            torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()), cfg.tau)
+        self.steps += 1
+
+
+def train(cfg: Config) -> float:
+    """Trains SAC as configured; writes progress.csv and config.yaml into the run folder.
+
+    Returns the final mean return.
+    """
+    start = time.perf_counter()
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+    spaces = gym.make(cfg.env_id)
+    obs_space, action_space = spaces.observation_space, spaces.action_space
+    spaces.close()
+    if not isinstance(action_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ConfigError(f"env_id={cfg.env_id}: SAC here needs a flat Box observation and a Box action space")
+    sac = SAC(obs_space.shape[0], action_space, cfg, device)
+    sample_gen = torch.Generator(device).manual_seed(cfg.seed)
+
+    batch_steps = cfg.num_envs * cfg.num_steps
+    recent: deque[float] = deque(maxlen=cfg.return_window)
+    mean_return, episodes, reached = math.nan, 0, None
+    global_step, next_log, owed_updates = 0, cfg.log_every, 0.0
+    wait_s = update_s = 0.0
+    buffer = None
+    collector = Collector(
+        cfg.env_id,  # the collector builds the SyncVectorEnv (in the worker process with backend=process)
+        sac.actor,
+        num_envs=cfg.num_envs,
+        num_steps=cfg.num_steps,
+        backend="thread" if cfg.backend == "thread" else Processes(1),
+        device=device,
+        gae=None,  # no advantages: the critics learn from the replay buffer
+        total_timesteps=cfg.total_timesteps,
+        prefetch=cfg.prefetch,
+        seed=cfg.seed,
+        keys=BatchKeys(next_obs=True),
+    )
+    waited_from = time.perf_counter()
+    with collector, open(run_dir / "progress.csv", "w", newline="") as log_file:
+        logger = csv.DictWriter(log_file, fieldnames=LOG_FIELDS)
+        logger.writeheader()
+        for batch in collector:  # [T, N], collected while the previous batch trained
+            wait_s += time.perf_counter() - waited_from
+            global_step += batch_steps
+            real = batch["mask"]  # False on NEXT_STEP's reset rows, which are no transition
+            if buffer is None:
+                buffer = ReplayBuffer(cfg.buffer_size, batch[real])
+            buffer.extend(batch[real])
+            finished = batch["done"] & real
+            recent.extend(batch["episode_return"][finished].tolist())
+            episodes += int(finished.sum())
+            if recent:
+                mean_return = float(np.mean(recent))
+            full = len(recent) == cfg.return_window
+            if reached is None and cfg.target_return is not None and full and mean_return >= cfg.target_return:
+                reached = global_step
+
+            if global_step >= cfg.learning_starts:
+                update_start = time.perf_counter()
+                owed_updates += batch_steps * cfg.update_ratio
+                while owed_updates >= 1:
+                    sac.update(buffer.sample(cfg.batch_size, sample_gen))
+                    owed_updates -= 1
+                update_s += time.perf_counter() - update_start
+
+            if global_step >= next_log or global_step >= cfg.total_timesteps:
+                next_log += cfg.log_every
+                row = {
+                    "step": global_step,
+                    "wall_time": time.perf_counter() - start,
+                    "charts/mean_return": mean_return,
+                    "charts/episodes": episodes,
+                    "charts/SPS": global_step / (time.perf_counter() - start),
+                    # batches collected by weights older than the ones just trained (1 with prefetch=1)
+                    "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
+                    "time/wait_s": wait_s,
+                    "time/update_s": update_s,
+                    **{key: float(value) for key, value in sac.stats.items()},
+                }
+                logger.writerow({key: row.get(key, math.nan) for key in LOG_FIELDS})
+                log_file.flush()
+                print(f"step {global_step:>8}  mean return {mean_return:8.1f}  SPS {row['charts/SPS']:6.0f}")
+            waited_from = time.perf_counter()
+    print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
+    print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
+    if cfg.target_return is not None:
+        print(f"mean return >= {cfg.target_return} first at step: {reached if reached is not None else 'never'}")
+    return mean_return
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def yaml_scalar(value: Any) -> str:
+    """A config value as it is typed in a KEY=VALUE override or a YAML file."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_help() -> str:
+    """Every Config key, its default and the comment beside it, grouped by Config's headings, for `--help`."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
+    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    width = max(shutil.get_terminal_size().columns - 2, 60)
+    lines = textwrap.wrap(
+        "config keys, given as KEY=VALUE after the options, with the defaults of the Config dataclass. Without "
+        f"--config, configs/{DEFAULT_CONFIG.name} applies first: its values follow the descriptions in [brackets].",
+        width,
+    )
+    # the source is the one place the descriptions are written: the comments beside the fields
+    for line in inspect.getsource(Config).splitlines():
+        if heading := re.fullmatch(r"    # (.+)", line):
+            lines += ["", f"{heading[1]}:"]
+        elif field := re.fullmatch(r"    (\w+): [^#]+?  # (.+)", line):
+            name, text = field[1], field[2]
+            if name in shipped and shipped[name] != defaults[name]:
+                text += f" [{DEFAULT_CONFIG.name}: {yaml_scalar(shipped[name])}]"
+            key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
+            lines += textwrap.wrap(text, width, initial_indent=key, subsequent_indent=" " * 30, break_long_words=False)
+    usage = textwrap.dedent(__doc__.partition("Usage::")[2]).strip("\n")
+    return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. seed=2")
+    args = parser.parse_args(argv)
+    try:
+        train(load_config(args.config or DEFAULT_CONFIG, args.overrides))
+    except ConfigError as error:
+        parser.error(str(error))
+
+
+if __name__ == "__main__":
+    main()
