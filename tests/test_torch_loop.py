@@ -147,10 +147,10 @@ MODES_AND_KEYS = [
 @pytest.mark.parametrize(("mode", "key"), MODES_AND_KEYS)
 def test_batches_are_those_of_the_numpy_path(mode, key, prefetch):
     """Every transition once and in order, masks, totals, bootstrap values of final observations, GAE."""
-    policy = LinearPolicy()
-    expected = collect(NumpyView(make_cartpole(N, mode, key)), policy, prefetch=prefetch, backend="thread")
-    got = collect(make_cartpole(N, mode, key), policy, prefetch=prefetch, backend="thread")
-    assert_same_batches(got, expected, keys=KEYS if prefetch else (*KEYS, "policy_version"))
+    policy, keys = LinearPolicy(), BatchKeys(next_obs=True)
+    expected = collect(NumpyView(make_cartpole(N, mode, key)), policy, prefetch=prefetch, backend="thread", keys=keys)
+    got = collect(make_cartpole(N, mode, key), policy, prefetch=prefetch, backend="thread", keys=keys)
+    assert_same_batches(got, expected, keys=(*KEYS, "next_obs") if prefetch else (*KEYS, "next_obs", "policy_version"))
     assert all(isinstance(batch["obs"], torch.Tensor) for batch in got)
     done = torch.cat([batch["done"] for batch in got])
     assert done.any() and got[-1]["truncated"].any()  # episodes ended, time limits included
@@ -163,10 +163,10 @@ def test_recurrent_state_and_box_actions_match_the_numpy_path(mode):
     reach the env clipped to its bounds, while the batch keeps the policy's own."""
     policy = RecurrentLinearPolicy(obs_dim=3, continuous=True)
     pendulum = functools.partial(Pendulum, N, autoreset_mode=mode, max_episode_steps=MAX_STEPS)
-    kwargs = dict(initial_state=h_state, backend="thread", prefetch=1)
+    kwargs = dict(initial_state=h_state, backend="thread", prefetch=1, keys=BatchKeys(next_obs=True))
     expected = collect(NumpyView(pendulum()), policy, **kwargs)
     got = collect(pendulum(), policy, **kwargs)
-    assert_same_batches(got, expected, keys=(*KEYS, "is_init", "h"))
+    assert_same_batches(got, expected, keys=(*KEYS, "is_init", "h", "next_obs"))
     assert (torch.cat([b["action"] for b in got]).abs() > 2).any()  # beyond the bounds: clipped for the env only
 
 
@@ -174,9 +174,10 @@ def test_recurrent_state_and_box_actions_match_the_numpy_path(mode):
 def test_a_torch_env_recipe_runs_in_worker_processes_with_the_threads_batches(placement):
     """Env j is reset with seed + j and keeps its own episode stream wherever it steps."""
     recipe = functools.partial(make_cartpole, mode=AutoresetMode.SAME_STEP)
-    expected = collect(recipe(N), LinearPolicy(), backend="thread", prefetch=1)
-    got = collect(recipe, LinearPolicy(), prefetch=1, **placement)
-    assert_same_batches(got, expected)
+    keys = BatchKeys(next_obs=True)
+    expected = collect(recipe(N), LinearPolicy(), backend="thread", prefetch=1, keys=keys)
+    got = collect(recipe, LinearPolicy(), prefetch=1, keys=keys, **placement)
+    assert_same_batches(got, expected, keys=(*KEYS, "next_obs"))
 
 
 _SYNCS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__int__", "__float__", "__index__")
@@ -226,7 +227,7 @@ def test_no_host_sync_per_step(mode, monkeypatch):
     counts = {}
     for steps in (4, 16):
         envs = StepInfos(make_cartpole(N, mode))  # infos too
-        keys = BatchKeys(info_keys=("x", "ends"))
+        keys = BatchKeys(info_keys=("x", "ends"), next_obs=True)
         with Collector(envs, LinearPolicy(), num_steps=steps, device="cpu", seed=1, backend="thread", keys=keys) as c:
             collector = c
             batches = iter(collector)
@@ -330,9 +331,11 @@ class GroupPolicy(nn.Module):
 
 @pytest.mark.parametrize("bootstrap", ["last_obs", "none"])
 def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
-    keys = BatchKeys(info_keys=("bootstrap",))
+    keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
     batches = collect(FromRslRl(RslRlCartPole(N), bootstrap=bootstrap), GroupPolicy(), seed=None, keys=keys)
     batch = torch.cat(batches)
+    going_on = ~batch["done"][:-1]  # Dict observations: the next row's, where no episode ended
+    assert (batch["next_obs"][:-1][going_on] == batch["obs"][1:][going_on]).all()
     assert isinstance(batch["obs"], TensorDict) and set(batch["obs"].keys()) == {"policy", "critic"}
     time_outs = batch["info", "bootstrap"] > 0
     assert time_outs.any() and batch["terminated"].any()

@@ -192,7 +192,7 @@ class TorchRolloutLoop(RolloutLoop):
             rows["mask"].fill_(True)
         # SAME_STEP and DISABLED: the observations that ended episodes, valued at the batch's end.
         info_rows = None if self.infos is None or out is None else out["info"]
-        wants_final = self.has_value is not False and mode != AutoresetMode.NEXT_STEP
+        wants_final = (self.has_value is not False or self.next_obs_key is not None) and mode != AutoresetMode.NEXT_STEP
         final_store = final_mask = final_states = None
         versions: list[int] = []
         self.missing_final = None
@@ -285,8 +285,14 @@ class TorchRolloutLoop(RolloutLoop):
                 "keep them"
             )
         policy_version = torch.tensor(versions, dtype=torch.int64).unsqueeze(1).repeat(1, N)
+        next_obs = None
+        if self.next_obs_key is not None:
+            next_obs = empty_obs(self.obs_space, (T, N), device=store) if out is None else out[self.next_obs_key]
+            self._write_next_obs_on_device(next_obs, obs_store, final_store, final_mask)
         if out is None:
             batch = {self.obs_key: obs_store, **outputs, **rows, "policy_version": policy_version.to(store)}
+            if next_obs is not None:
+                batch[self.next_obs_key] = next_obs
             if info_rows is not None:
                 batch["info"] = info_rows
             if self.has_value:
@@ -299,6 +305,14 @@ class TorchRolloutLoop(RolloutLoop):
         if self.has_value:
             self._write_next_value_on_device(out, final_store, final_mask, final_states)
         return out
+
+    def _write_next_obs_on_device(self, next_obs: Any, obs: Any, final: Any, final_mask: Tensor | None) -> None:
+        """Each row's true next observation: the next row's, the final observation where an episode ended."""
+        next_obs[:-1] = obs[1:]
+        next_obs[-1] = self.obs.to(next_obs.device, non_blocking=True)
+        if final_mask is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
+            mask = final_mask.to(next_obs.device, non_blocking=True)
+            next_obs.copy_(_where_rows(mask, final.to(next_obs.device, non_blocking=True), next_obs))
 
     def _write_next_value_on_device(
         self,
@@ -436,6 +450,15 @@ def _zeros_like_rows(value: Tensor | TensorDictBase, T: int, device: torch.devic
         )
     dtype = torch.float32 if value.dtype == torch.float64 else value.dtype
     return torch.zeros((T, *value.shape), dtype=dtype, device=device)
+
+
+def _where_rows(mask: Tensor, value: Any, other: Any) -> Any:
+    """``torch.where`` with a ``[T, N]`` mask over ``[T, N, ...]`` tensors or every leaf of TensorDicts."""
+    if isinstance(value, TensorDictBase):
+        return TensorDict(
+            {key: _where_rows(mask, value[key], other[key]) for key in value.keys()}, batch_size=value.batch_size
+        )
+    return torch.where(mask.view(*mask.shape, *(1,) * (value.dim() - 2)), value, other)
 
 
 def _where(mask: Tensor, value: Any, other: Any) -> Any:
