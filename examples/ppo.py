@@ -1,6 +1,7 @@
 """PPO on top of torch_rollout: one file, read top to bottom.
 
-Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
+Config, env factory, agent, data-parallel helpers (torchrun), main loop, then the plot, `--eval` and the
+command line.
 The collector steps the envs and runs the policy in worker processes (or a background
 thread), so the next batch is being collected while this script updates the agent on the
 current one. Each run writes progress.csv, learning_curve.png, checkpoint.pt and config.yaml
@@ -532,6 +533,8 @@ LOG_FIELDS = [
 def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     """Trains PPO as configured, or carries on from a checkpoint `resume`; writes CSV, plot and checkpoints.
 
+    Under torchrun this is one rank of a data-parallel run (see the data-parallel section above).
+
     Returns the final mean return.
     """
     start = time.perf_counter()
@@ -539,6 +542,11 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     torch.manual_seed(cfg.seed)  # the same on every rank: the same initial weights
     rank, world_size, device = init_distributed(cfg)
     is_main = rank == 0  # logs, plots and writes checkpoints
+    if resume is not None and resume.get("world_size", 1) != world_size:
+        raise ConfigError(
+            f"--resume: the checkpoint's run had {resume.get('world_size', 1)} ranks, this one has {world_size}; "
+            f"resume it with as many (torchrun --nproc_per_node {resume.get('world_size', 1)}, or plain python for 1)"
+        )
     # optional integrations fail now if a package they need is missing, not once the envs and the agent are built
     if cfg.track_tensorboard:
         import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
@@ -556,11 +564,6 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         raise ConfigError(f"normalize_obs needs backend=thread, got backend={cfg.backend}")
     if world_size > 1 and cfg.normalize_obs:
         raise ConfigError(f"normalize_obs keeps statistics per process, which the {world_size} ranks would not share")
-    if resume is not None and resume.get("world_size", 1) != world_size:
-        raise ConfigError(
-            f"--resume: the checkpoint's run had {resume.get('world_size', 1)} ranks, this one has {world_size}; "
-            f"resume it with as many (torchrun --nproc_per_node {resume.get('world_size', 1)}, or plain python for 1)"
-        )
     if cfg.backend == "thread":
         envs = make_envs(cfg, cfg.num_envs)
         spaces = envs

@@ -453,7 +453,7 @@ def test_recurrent_agent_replays_the_batch_it_collected(ppo):
 
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
-def test_torchrun_ranks_collect_different_episodes_and_keep_equal_weights(tmp_path, backend):
+def test_torchrun_ranks_collect_different_episodes_and_keep_equal_weights(ppo, tmp_path, capsys, backend):
     """Two gloo ranks on the CPU: each its own collector, seeded by its rank; gradients averaged across them."""
     run_dir = tmp_path / "run"
     args = ["total_timesteps=768", "num_envs=2", "num_steps=64", f"backend={backend}", f"run_dir={run_dir}"]
@@ -480,3 +480,6 @@ def test_torchrun_ranks_collect_different_episodes_and_keep_equal_weights(tmp_pa
     assert re.search(r"final mean return \(last \d+ episodes of each of 2 ranks\): ", result.stdout)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["world_size"] == 2 and [r["collector"]["rank"] for r in checkpoint["ranks"]] == [0, 1]
+    with pytest.raises(SystemExit):  # each rank carries on its own streams: as many ranks again
+        ppo.main(["--resume", str(run_dir / "checkpoint.pt"), "total_timesteps=1536"])
+    assert "the checkpoint's run had 2 ranks, this one has 1; resume it with as many" in capsys.readouterr().err
