@@ -276,7 +276,7 @@ sys.path.insert(0, {tests!r})
 import ray
 from test_ray import PidPolicy
 from reliability_envs import counting_vec
-from torch_rollout import Collector
+from torch_rollout import Collector, Ray
 
 if __name__ == "__main__":
     assert not ray.is_initialized()
