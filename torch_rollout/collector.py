@@ -87,7 +87,8 @@ class Collector:
     ``docs/placements.md``, env kinds (EnvPool, double-buffering) in
     ``docs/envs.md``, infos in ``docs/infos.md``, recurrent policies in
     ``docs/recurrent.md``, compiled acting in ``docs/compile.md``, checkpoints
-    in ``docs/checkpoints.md``.
+    in ``docs/checkpoints.md``, one collector per data-parallel rank in
+    ``docs/data-parallel.md``.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
