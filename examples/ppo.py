@@ -1,6 +1,7 @@
 """PPO on top of torch_rollout: one file, read top to bottom.
 
-Config, env factory, agent, main loop, then the plot, `--eval` and the command line.
+Config, env factory, agent, data-parallel helpers (torchrun), main loop, then the plot, `--eval` and the
+command line.
 The collector steps the envs and runs the policy in worker processes (or a background
 thread), so the next batch is being collected while this script updates the agent on the
 current one. Each run writes progress.csv, learning_curve.png, checkpoint.pt and config.yaml
@@ -18,6 +19,7 @@ Usage::
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt capture_video=true   # into .../videos
     python examples/ppo.py --resume runs/ppo_CartPole-v1_seed1/checkpoint.pt   # carry on a stopped run
+    torchrun --nproc_per_node 2 examples/ppo.py backend=thread   # data-parallel: 2 ranks, gradients averaged
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import yaml
 from tensordict import TensorDict
@@ -431,6 +434,49 @@ def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: C
     return (RecurrentAgent if cfg.lstm_size > 0 else Agent)(obs_space, action_space, cfg)
 
 
+# ---------------------------------------------------------------------------- data-parallel (torchrun)
+# Under `torchrun --nproc_per_node K examples/ppo.py ...` each of the K processes (ranks) runs this script with a
+# collector of its own. Its envs are seeded from its rank's own part of the seed stream (an int seed is keyed by the
+# rank of the process group: docs/data-parallel.md), every rank starts from the same weights (the same torch seed),
+# and each optimizer step averages the gradients of all ranks, so the weights stay equal. A batch is then K * T * N
+# transitions. Rank 0 alone logs, plots and writes checkpoints; the mean return it logs is over every rank's episodes.
+
+
+def init_distributed(cfg: Config) -> tuple[int, int, torch.device]:
+    """Joins torchrun's process group when torchrun started this process: returns rank, world size and device."""
+    device = agent_device(cfg)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # not under torchrun
+        return 0, 1, device
+    if device.type == "cuda":  # one GPU per rank
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """`x` summed over the ranks; `x` itself in a single process."""
+    if dist.is_initialized():
+        x = x.clone()
+        dist.all_reduce(x)
+    return x
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The mean of `x` over the ranks; `x` itself in a single process."""
+    return sum_over_ranks(x) / dist.get_world_size() if dist.is_initialized() else x
+
+
+def average_gradients(agent: nn.Module) -> None:
+    """Replaces each gradient by its mean over the ranks, all of them in one all_reduce; nothing in a single process."""
+    if not dist.is_initialized():
+        return
+    grads = [p.grad for p in agent.parameters()]
+    mean = mean_over_ranks(torch.cat([g.reshape(-1) for g in grads]))
+    for grad, part in zip(grads, mean.split([g.numel() for g in grads])):
+        grad.copy_(part.view_as(grad))
+
+
 # ---------------------------------------------------------------------------- training
 
 
@@ -500,26 +546,37 @@ LOG_FIELDS = [
 def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     """Trains PPO as configured, or carries on from a checkpoint `resume`; writes CSV, plot and checkpoints.
 
+    Under torchrun this is one rank of a data-parallel run (see the data-parallel section above).
+
     Returns the final mean return.
     """
     start = time.perf_counter()
     torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
-    device = agent_device(cfg)
+    torch.manual_seed(cfg.seed)  # the same on every rank: the same initial weights
+    rank, world_size, device = init_distributed(cfg)
+    is_main = rank == 0  # logs, plots and writes checkpoints
+    if resume is not None and resume.get("world_size", 1) != world_size:
+        raise ConfigError(
+            f"--resume: the checkpoint's run had {resume.get('world_size', 1)} ranks, this one has {world_size}; "
+            f"resume it with as many (torchrun --nproc_per_node {resume.get('world_size', 1)}, or plain python for 1)"
+        )
     # optional integrations fail now if a package they need is missing, not once the envs and the agent are built
     if cfg.track_tensorboard:
         import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
     if cfg.capture_video:
         check_can_record(cfg)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     checkpoint_path = run_dir / "checkpoint.pt"
 
     if cfg.backend != "thread" and cfg.normalize_obs:
         # the checkpoint saves the observation statistics for --eval, read from the wrapper, which must then
         # live in this process (worker processes would each keep statistics of their own)
         raise ConfigError(f"normalize_obs needs backend=thread, got backend={cfg.backend}")
+    if world_size > 1 and cfg.normalize_obs:
+        raise ConfigError(f"normalize_obs keeps statistics per process, which the {world_size} ranks would not share")
     if cfg.backend == "thread":
         envs = make_envs(cfg, cfg.num_envs)
         spaces = envs
@@ -536,31 +593,37 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     # the collector thread samples actions from torch's global generator; shuffling
     # minibatches from a generator of our own keeps that stream in a fixed order
     shuffle_gen = torch.Generator(device).manual_seed(cfg.seed)
+    if world_size > 1:
+        torch.manual_seed(cfg.seed + rank)  # each rank samples its own actions (the thread samples from this stream)
 
-    batch_steps = cfg.num_envs * cfg.num_steps
+    batch_steps = cfg.num_envs * cfg.num_steps * world_size  # transitions per iteration, all ranks together
     num_iterations = math.ceil(cfg.total_timesteps / batch_steps)
     recent = deque(maxlen=cfg.return_window)
     mean_return, episodes, done_iterations, wall_offset = math.nan, 0, 0, 0.0
     if resume is not None:
+        own = resume["ranks"][rank] if world_size > 1 else resume  # this rank's streams (see save_checkpoint)
         agent.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         shuffle_gen.set_state(resume["shuffle_rng"])
-        torch.set_rng_state(resume["torch_rng"])
+        torch.set_rng_state(own["torch_rng"])
         done_iterations, episodes, wall_offset = resume["iteration"], resume["episodes"], resume["wall_time"]
-        recent.extend(resume["recent_returns"])
+        recent.extend(own["recent_returns"])
         if resume["obs_rms"] is not None and cfg.backend == "thread":
             set_obs_rms(find_wrapper(envs, gym.wrappers.vector.NormalizeObservation), resume["obs_rms"])
-    logger = Logger(
-        run_dir,
-        LOG_FIELDS,
-        resume_step=None if resume is None else done_iterations * batch_steps,
-        tensorboard=cfg.track_tensorboard,
-    )
+    logger = None
+    if is_main:
+        logger = Logger(
+            run_dir,
+            LOG_FIELDS,
+            resume_step=None if resume is None else done_iterations * batch_steps,
+            tensorboard=cfg.track_tensorboard,
+        )
     progress = tqdm(
         total=num_iterations * batch_steps,
         initial=done_iterations * batch_steps,
         unit="step",
         mininterval=1 if sys.stderr.isatty() else 30,
+        disable=not is_main,
     )
     collector = Collector(
         envs,
@@ -569,9 +632,9 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         num_envs=cfg.num_envs,
         gae=GAE(cfg.gamma, cfg.gae_lambda),
         device=device,
-        total_timesteps=cfg.total_timesteps,
+        total_timesteps=num_iterations * cfg.num_envs * cfg.num_steps,  # as many batches on every rank
         prefetch=cfg.prefetch,
-        seed=cfg.seed,
+        seed=cfg.seed,  # under torchrun keyed by the rank: the ranks' envs start different episodes
         backend=placement(cfg),
         initial_state=agent.initial_state if recurrent else None,
         # the env's own returns, beneath NormalizeReward (see make_envs); else episode_return is that
@@ -579,9 +642,16 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     )
     if resume is not None:
         # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)
-        collector.load_state_dict(resume["collector"])
+        collector.load_state_dict(own["collector"])
 
     def save_checkpoint(iteration: int) -> None:
+        # what differs per rank: its collector's seed stream, its action sampling and its episodes
+        own = {"collector": collector.state_dict(), "torch_rng": torch.get_rng_state(), "recent_returns": list(recent)}
+        ranks = [None] * world_size if is_main else None
+        if dist.is_initialized():
+            dist.gather_object(own, ranks, dst=0)
+        if not is_main:
+            return
         obs_norm = find_wrapper(envs, gym.wrappers.vector.NormalizeObservation) if cfg.backend == "thread" else None
         state = {
             "config": dataclasses.asdict(cfg),
@@ -591,12 +661,12 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
             # what --resume needs besides: where the run stands, the optimizer, the random streams
             "iteration": iteration,
             "optimizer": optimizer.state_dict(),
-            "collector": collector.state_dict(),
             "shuffle_rng": shuffle_gen.get_state(),
-            "torch_rng": torch.get_rng_state(),
+            **own,  # rank 0's
             "episodes": episodes,
-            "recent_returns": list(recent),
             "wall_time": wall_offset + time.perf_counter() - start,
+            "world_size": world_size,
+            **({"ranks": ranks} if world_size > 1 else {}),  # every rank's own, for --resume under torchrun
         }
         # a Ctrl-C or a crash in the middle of writing must not destroy the last good checkpoint
         torch.save(state, checkpoint_path.with_suffix(".tmp"))
@@ -617,12 +687,18 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                     finished = batch["done"] & batch["mask"]
                     returns, lengths = batch["episode_return"][finished], batch["episode_length"][finished]
                 recent.extend(returns.tolist())
-                # [E]: the env step at which each episode ended; row t of the batch holds steps t*N+1 .. (t+1)*N
-                ends = global_step - batch_steps + (finished.nonzero()[:, 0] + 1) * cfg.num_envs
-                logger.log_episodes(ends.tolist(), returns.tolist(), lengths.tolist())
-                episodes += int(finished.sum())
-                if recent:
+                ended = int(finished.sum())
+                if is_main:
+                    # [E]: the env step at which each episode ended; row t holds steps t*N*K+1 .. (t+1)*N*K (K ranks)
+                    ends = global_step - batch_steps + (finished.nonzero()[:, 0] + 1) * cfg.num_envs * world_size
+                    logger.log_episodes(ends.tolist(), returns.tolist(), lengths.tolist())
+                if world_size > 1:  # all ranks' episodes: how many ended, and the mean of each one's last return_window
+                    totals = torch.tensor([ended, sum(recent), len(recent)], dtype=torch.float64, device=device)
+                    ended, total, count = sum_over_ranks(totals).tolist()
+                    mean_return = total / count if count else mean_return
+                elif recent:
                     mean_return = float(np.mean(recent))
+                episodes += int(ended)
 
                 lr = cfg.learning_rate * (1 - (iteration - 1) / num_iterations) if cfg.anneal_lr else cfg.learning_rate
                 for group in optimizer.param_groups:
@@ -642,22 +718,23 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                 ret, val = batch["return"][real], batch["value"][real]
                 explained_var = float(1 - (ret - val).var() / ret.var()) if ret.var() > 0 else math.nan
                 sps = (global_step - done_iterations * batch_steps) / (time.perf_counter() - start)
-                logger.log(
-                    {
-                        "step": global_step,
-                        "wall_time": wall_offset + time.perf_counter() - start,
-                        "charts/mean_return": mean_return,
-                        "charts/episodes": episodes,
-                        "charts/SPS": sps,
-                        "charts/learning_rate": lr,
-                        # rows collected by weights older than the ones just trained (1 with prefetch=1)
-                        "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
-                        "losses/explained_variance": explained_var,
-                        "time/wait_s": wait_s,
-                        "time/update_s": update_s,
-                        **stats,
-                    }
-                )
+                if is_main:  # its own batch's statistics and losses; mean return and episodes of all ranks
+                    logger.log(
+                        {
+                            "step": global_step,
+                            "wall_time": wall_offset + time.perf_counter() - start,
+                            "charts/mean_return": mean_return,
+                            "charts/episodes": episodes,
+                            "charts/SPS": sps,
+                            "charts/learning_rate": lr,
+                            # rows collected by weights older than the ones just trained (1 with prefetch=1)
+                            "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
+                            "losses/explained_variance": explained_var,
+                            "time/wait_s": wait_s,
+                            "time/update_s": update_s,
+                            **stats,
+                        }
+                    )
                 progress.update(batch_steps)
                 progress.set_postfix(mean_return=f"{mean_return:.1f}", refresh=False)
                 waited_from = time.perf_counter()
@@ -665,18 +742,24 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
                     save_checkpoint(iteration)
     except KeyboardInterrupt:
         progress.close()
-        logger.close()
-        print(
-            f"\ninterrupted in iteration {iteration + 1}; carry on from the last checkpoint with:\n"
-            f"  python examples/ppo.py --resume {checkpoint_path}",
-            file=sys.stderr,
-        )
+        if is_main:
+            logger.close()
+            launcher = f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python"
+            print(
+                f"\ninterrupted in iteration {iteration + 1}; carry on from the last checkpoint with:\n"
+                f"  {launcher} examples/ppo.py --resume {checkpoint_path}",
+                file=sys.stderr,
+            )
         raise SystemExit(130) from None
     progress.close()
-    logger.close()
     save_checkpoint(iteration)
+    if dist.is_initialized():
+        dist.destroy_process_group()  # the last collective was the checkpoint's
     if cfg.backend == "thread":
         envs.close()
+    if not is_main:
+        return mean_return
+    logger.close()
     plot_learning_curve(
         run_dir / "progress.csv",
         run_dir / "learning_curve.png",
@@ -686,7 +769,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
     if cfg.capture_video:  # what the final weights do, to watch
         evaluate(checkpoint_path, ["eval_episodes=1"])
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
-    print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
+    of_ranks = f" of each of {world_size} ranks" if world_size > 1 else ""
+    print(f"final mean return (last {len(recent)} episodes{of_ranks}): {mean_return:.1f}")
     return mean_return
 
 
@@ -705,6 +789,13 @@ def update(
     """PPO's clipped-objective epochs over one batch `data`: transitions [B] or sequences [S, L], with `mask`."""
     size = data.shape[0]
     minibatch_size = math.ceil(size / cfg.num_minibatches)
+    if dist.is_initialized() and size < cfg.num_minibatches * (cfg.num_minibatches - 1):
+        # from M * (M - 1) transitions on there are exactly M minibatches: every rank takes as many optimizer
+        # steps, whatever its mask left of its batch (fewer steps on one rank would leave the others waiting)
+        raise RuntimeError(
+            f"a rank's batch has {size} transitions, too few for num_minibatches={cfg.num_minibatches} under "
+            "torchrun: collect more per rank (num_envs * num_steps) or use fewer minibatches"
+        )
     clip_frac, updates = torch.zeros((), device=data.device), 0
     for _ in range(cfg.update_epochs):
         order = torch.randperm(size, device=data.device, generator=shuffle_gen)
@@ -738,9 +829,10 @@ def update(
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            average_gradients(agent)  # under torchrun: every rank steps with the mean gradient
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             optimizer.step()
-        if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+        if cfg.target_kl is not None and mean_over_ranks(approx_kl) > cfg.target_kl:  # all ranks stop together
             break
     return {
         "losses/policy_loss": policy_loss.item(),
@@ -799,7 +891,7 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[flo
     if cfg.capture_video:
         check_can_record(cfg)
         trained = state["config"]  # the batch size of training, whatever this evaluation overrides
-        step = state["iteration"] * trained["num_envs"] * trained["num_steps"]
+        step = state["iteration"] * trained["num_envs"] * trained["num_steps"] * state.get("world_size", 1)
         video = Path(checkpoint).parent / "videos" / f"eval-step{step}"
     # the agent evaluates on the CPU, and so does a vector env of torch tensors
     envs = make_envs(dataclasses.replace(cfg, device="cpu"), cfg.eval_episodes, training=False, video=video)
@@ -902,7 +994,7 @@ def main(argv: list[str] | None = None) -> None:
             # by default the run carries on in the checkpoint's folder
             base = {**state["config"], "run_dir": str(Path(args.resume).resolve().parent)}
             cfg = load_config(None, args.overrides, base=base)
-            done = state["iteration"] * cfg.num_envs * cfg.num_steps
+            done = state["iteration"] * cfg.num_envs * cfg.num_steps * state.get("world_size", 1)
             if done >= cfg.total_timesteps:
                 raise ConfigError(
                     f"--resume {args.resume}: the run is complete ({done} steps of total_timesteps="

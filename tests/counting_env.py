@@ -62,6 +62,27 @@ class CountingEnv(gym.Env):
 gym.register("TorchRolloutCounting-v0", entry_point=CountingEnv)
 
 
+class SeedEnv(CountingEnv):
+    """CountingEnv whose ``obs[0]`` is the seed of its last seeded reset (-1 before one): which seed reached it."""
+
+    def __init__(self, env_id: int = 0) -> None:
+        super().__init__(env_id)
+        self.seed_given = -1
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.seed_given = seed
+        return super().reset(seed=seed, options=options)
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.seed_given, self.episode, self.t, self.last_action], dtype=np.float64)
+
+
+def make_seed_envs(num_envs: int, start_index: int = 0) -> SyncVectorEnv:
+    """SeedEnvs ``start_index ..`` (NEXT_STEP mode); a recipe for worker processes and Ray actors."""
+    return SyncVectorEnv([partial(SeedEnv, start_index + i) for i in range(num_envs)])
+
+
 def make_counting_envs(
     num_envs: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP, start_index: int = 0
 ) -> SyncVectorEnv:

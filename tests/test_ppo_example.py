@@ -476,3 +476,36 @@ def test_recurrent_agent_replays_the_batch_it_collected(ppo):
                 log_prob, _, value = agent.evaluate(sequences)
             assert torch.allclose(log_prob, sequences["log_prob"], atol=1e-5)
             assert torch.allclose(value, sequences["value"], atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_torchrun_ranks_collect_different_episodes_and_keep_equal_weights(ppo, tmp_path, capsys, backend):
+    """Two gloo ranks on the CPU: each its own collector, seeded by its rank; gradients averaged across them."""
+    run_dir = tmp_path / "run"
+    args = ["total_timesteps=768", "num_envs=2", "num_steps=64", f"backend={backend}", f"run_dir={run_dir}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(ROOT / "tests" / "ppo_ranks.py"), str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
+    assert result.returncode == 0, result.stderr
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert len(rank0["first_rows"]) == len(rank1["first_rows"]) == 3  # 768 steps = 3 batches of 2 ranks x 2 x 64
+    # Env j of rank 1 starts from seed 1 + 2 + j, rank 0's from 1 + j: other episodes from the first reset on.
+    assert not torch.isclose(rank0["first_rows"], rank1["first_rows"]).all(dim=-1).any()
+    for name, initial in rank0["initial"].items():
+        assert torch.equal(initial, rank1["initial"][name]), name  # the same init on every rank
+        assert torch.equal(rank0["final"][name], rank1["final"][name]), name  # and the same updates
+    assert any(not torch.equal(rank0["initial"][k], rank0["final"][k]) for k in rank0["initial"]), "it trained"
+    # rank 0 alone logged: one row per iteration, steps of both ranks together
+    assert read_steps(run_dir) == [256, 512, 768]
+    assert re.search(r"final mean return \(last \d+ episodes of each of 2 ranks\): ", result.stdout)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["world_size"] == 2 and [r["collector"]["rank"] for r in checkpoint["ranks"]] == [0, 1]
+    with pytest.raises(SystemExit):  # each rank carries on its own streams: as many ranks again
+        ppo.main(["--resume", str(run_dir / "checkpoint.pt"), "total_timesteps=1536"])
+    assert "the checkpoint's run had 2 ranks, this one has 1; resume it with as many" in capsys.readouterr().err

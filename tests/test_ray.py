@@ -24,8 +24,9 @@ import pytest
 import torch
 from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard_interrupt  # noqa: F401 (a fixture)
 
-from torch_rollout import Collector, Ray, gym_envs
+from torch_rollout import Collector, Ray, Seed, gym_envs
 
+from counting_env import make_seed_envs
 from placements import local_ray
 from reliability_envs import (
     ConstantPolicy,
@@ -158,6 +159,38 @@ def test_restart_policy_recreates_a_dead_worker_and_delivers_no_transition_twice
             assert switch >= 2 * T  # the batches delivered before the kill are kept
             assert obs[switch, i, 1] == 0 and obs[switch, i, 2] == 0  # new envs: episode 0, step 0
     assert any("recreating it, restart 1 of max_restarts=1" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restarted_worker_takes_the_next_part_of_its_ranks_seed_stream_and_the_state_counts_it():
+    """Rank 1 of 2: env j starts at 10 + N + j; worker 1's first restart reseeds its envs as the first resume would
+    (10 + 3N + j), never as another rank's start; the state counts that part, so a resume goes on past it."""
+    T, N = 4, 4
+    with Collector(
+        make_seed_envs,
+        PidPolicy(),
+        num_envs=N,
+        num_steps=T,
+        seed=Seed(10, rank=1, world_size=2),
+        backend=Ray(2, options={"max_restarts": 1}),
+        timeout=TIMEOUT,
+    ) as collector:
+        first = next(collector)
+        assert first["obs"][0, :, 0].tolist() == [10 + N + j for j in range(N)]
+        os.kill(int(first["pid"][0, 2]), signal.SIGKILL)  # worker 1's actor (envs 2 and 3)
+        rows = torch.cat([next(collector) for _ in range(3)])
+        state = collector.state_dict()
+    new = rows["pid"][:, 2] != first["pid"][0, 2]
+    assert new.any(), "worker 1 was restarted"
+    restarted = rows["obs"][new][:, 2:, 0]  # the new envs' rows: their seed
+    assert (restarted == torch.tensor([10 + 3 * N + 2, 10 + 3 * N + 3])).all()
+    assert rows["obs"][:, :2, 0].eq(10 + N + torch.arange(2)).all(), "worker 0 keeps its envs"
+    assert state["starts"] == 2
+    # A resumed rank 1 takes part 2: 10 + (2 * 2 + 1) * N + j, past what the restart used.
+    with Collector(
+        make_seed_envs, PidPolicy(), num_envs=N, num_steps=T, seed=Seed(10, rank=1, world_size=2), backend="thread"
+    ) as resumed:
+        resumed.load_state_dict(state)
+        assert next(resumed)["obs"][0, :, 0].tolist() == [10 + 5 * N + j for j in range(N)]
 
 
 def test_close_frees_the_actors_and_leaves_the_users_ray_running():

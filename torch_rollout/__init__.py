@@ -5,6 +5,7 @@ from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffere
 from torch_rollout._envpool import envpool_envs
 from torch_rollout._envs import gym_envs
 from torch_rollout._placement import Processes, Ray, Thread
+from torch_rollout._seed import Seed
 from torch_rollout._spec import BatchKeys
 from torch_rollout.collector import Collector
 from torch_rollout.gae import GAE, compute_gae
@@ -16,6 +17,7 @@ __all__ = [
     "DoubleBufferedVectorEnv",
     "Processes",
     "Ray",
+    "Seed",
     "Thread",
     "compute_gae",
     "double_buffered",

@@ -49,6 +49,9 @@ class Placement(Protocol):
     weights: dict[str, Tensor] | None
     """The acting copy's tensors by name, which :meth:`refresh` writes; None when acting with the trainer's module
     itself, or once closed."""
+    extra_starts: int
+    """Later parts of the seed stream that it reset envs from by itself (a restarted Ray worker's new envs, from
+    ``seed + r * seed_step`` at its ``r``-th restart): the Collector's ``state_dict`` counts them as starts."""
 
     @property
     def version(self) -> int:
@@ -103,9 +106,14 @@ class Backend:
         device: torch.device,
         prefetch: int,
         seed: int | None,
+        seed_step: int,
         timeout: float | None,
     ) -> Placement:
-        """Builds and returns the running placement (a remote one has its envs built and reset by then)."""
+        """Builds and returns the running placement (a remote one has its envs built and reset by then).
+
+        Env ``j`` is reset with ``seed + j``; envs built anew later (Ray's restarts) take the
+        next parts of the rank's seed stream, ``seed_step`` (``world_size * num_envs``) apart.
+        """
         raise NotImplementedError
 
 
@@ -129,7 +137,7 @@ class Thread(Backend):
     def copy_reason(self, prefetch: int) -> tuple[str, str]:
         return f"prefetch={prefetch}", "prefetch=0"
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
         from torch_rollout._thread import ThreadPlacement
 
         owns_envs = not isinstance(envs, VectorEnv)
@@ -185,7 +193,7 @@ class Processes(Backend):
                 "compile_policy", compile_options, "pass the backend by its name or as a module-level function"
             )
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
         from torch_rollout._process import ProcessPlacement
 
         why, fix = self.copy_reason(prefetch)
@@ -246,7 +254,7 @@ class Ray(Backend):
         if compile_options:
             check_ray_picklable("compile_policy", compile_options)
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
         from torch_rollout._ray import RayPlacement
 
         why, fix = self.copy_reason(prefetch)
@@ -261,6 +269,7 @@ class Ray(Backend):
             prefetch=prefetch,
             device=device,
             seed=seed,
+            seed_step=seed_step,
             startup_timeout=timeout,
             options=self.options,
         )

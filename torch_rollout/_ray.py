@@ -101,6 +101,8 @@ class RayPlacement(RemotePlacement):
         device: where batches are delivered. Actors run the policy on the CPU, or on their
             CUDA device when ``options`` gives them GPUs.
         seed: env ``j`` is seeded ``seed + j``.
+        seed_step: how far apart the parts of the rank's seed stream are (``world_size * num_envs``):
+            a restarted worker's envs take the next one.
         startup_timeout: seconds to wait for the actors to be placed and to build their envs.
         options: Ray actor options for every worker (``num_cpus``, ``num_gpus``, ``resources``,
             ``runtime_env``, ``scheduling_strategy``, ...), and ``max_restarts``: how many times
@@ -111,9 +113,11 @@ class RayPlacement(RemotePlacement):
     local Ray is started, and it too is left running when the collector closes
     (later collectors reuse it; Ray shuts it down at interpreter exit, or
     ``ray.shutdown()`` does now). A restarted worker gets new envs seeded
-    ``seed + j + r * N`` (its ``r``-th restart), so it does not replay the
-    episodes it delivered; what its old actor had not delivered is collected
-    again from those fresh envs.
+    ``seed + j + r * seed_step`` (its ``r``-th restart): the part of the rank's
+    seed stream that the ``r``-th resume would take, which :attr:`extra_starts`
+    reports so that the collector's state counts it and a resume goes past it;
+    it does not replay the episodes it delivered, nor another rank's. What its
+    old actor had not delivered is collected again from those fresh envs.
     """
 
     def __init__(
@@ -127,12 +131,14 @@ class RayPlacement(RemotePlacement):
         prefetch: int,
         device: torch.device,
         seed: int | None,
+        seed_step: int,
         startup_timeout: float | None,
         options: Mapping[str, Any] | None,
     ) -> None:
         super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         ray = self.ray = import_ray()
         self.seed = seed
+        self.seed_step = seed_step
         options = dict(options or {})
         self.max_restarts = options.pop("max_restarts", 0)  # checked by torch_rollout.Ray
         self.restarts = [0] * num_workers
@@ -168,10 +174,15 @@ class RayPlacement(RemotePlacement):
     def _start(self, k: int) -> Any:
         """Creates worker ``k``'s actor and asks it to build and reset its envs; returns the ref of its answer."""
         start, count = self.shares[k]
-        seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.num_envs
+        seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.seed_step
         self.actors[k] = actor = self._actor_class.remote()
         self._sent[k] = 0
         return actor.setup.remote(k, self._payload, count, start, seed)
+
+    @property
+    def extra_starts(self) -> int:
+        """Parts of the seed stream past this placement's own that restarted workers took (their shares' envs)."""
+        return max(self.restarts)
 
     # -- weights -------------------------------------------------------------------------------
 

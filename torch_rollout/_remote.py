@@ -47,6 +47,7 @@ class RemotePlacement:
 
     envs: VectorEnv | None = None  # the envs step in the workers
     autoreset_mode: AutoresetMode
+    extra_starts: int = 0  # workers that build envs anew (Ray's restarts) count the seed stream's parts they take
 
     def __init__(self, *, num_envs: int, num_workers: int, device: torch.device) -> None:
         self.device = device

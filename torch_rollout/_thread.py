@@ -48,6 +48,7 @@ class ThreadPlacement:
     requested: int
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     thread: threading.Thread
+    extra_starts: int = 0  # its envs are reset from the Collector's seeds only
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
 from torch_rollout._placement import Backend, Placement, resolve_backend
+from torch_rollout._seed import Seed, resolve_seed
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, LoopSpec
 from torch_rollout._weights import check_same_structure, named_weights
 from torch_rollout.gae import GAE
@@ -88,7 +89,8 @@ class Collector:
     ``docs/placements.md``, env kinds (EnvPool, double-buffering) in
     ``docs/envs.md``, infos in ``docs/infos.md``, recurrent policies in
     ``docs/recurrent.md``, compiled acting in ``docs/compile.md``, checkpoints
-    in ``docs/checkpoints.md``.
+    in ``docs/checkpoints.md``, one collector per data-parallel rank in
+    ``docs/data-parallel.md``.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
@@ -115,7 +117,10 @@ class Collector:
             batches; ``None``: endless.
         prefetch: batches collected ahead of the consumer; 0: lockstep; ``None``: 1,
             except 0 for the thread with a CPU policy (measured faster there).
-        seed: seed of the envs' first reset (env ``j``: ``seed + j``, in every placement).
+        seed: seed of the envs' first reset (env ``j``: ``seed + j``, in every placement), an int
+            or a :class:`Seed` that keys it by the rank of data-parallel collectors (an int is
+            ``Seed(seed)``: keyed by the ``torch.distributed`` rank when a process group is
+            initialised); ``None``: unseeded. See ``docs/data-parallel.md``.
         timeout: seconds ``next()`` waits for a batch before raising ``TimeoutError``
             (an env that hangs); ``None``: wait forever.
         check_finite: raise ``ValueError`` naming the key, env and step when an
@@ -173,6 +178,7 @@ class Collector:
     prefetch: int
     total_timesteps: int | None
     autoreset_mode: AutoresetMode
+    seed: Seed | None
     closed: bool
 
     @_retired_keywords
@@ -188,7 +194,7 @@ class Collector:
         gae: GAE | None = GAE(),
         total_timesteps: int | None = None,
         prefetch: int | None = None,
-        seed: int | None = None,
+        seed: int | Seed | None = None,
         timeout: float | None = None,
         check_finite: bool = False,
         keys: BatchKeys = BatchKeys(),
@@ -201,8 +207,7 @@ class Collector:
             _check_int("prefetch", prefetch, minimum=0)
         if total_timesteps is not None:
             _check_int("total_timesteps", total_timesteps, minimum=1)
-        if seed is not None:
-            _check_int("seed", seed, minimum=0)
+        seeding = resolve_seed(seed)
         if gae is not None and not isinstance(gae, GAE):
             raise TypeError(
                 f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
@@ -293,7 +298,9 @@ class Collector:
             spec=spec,
             device=self.device,
             prefetch=prefetch,
-            seed=seed,
+            seed=None if seeding is None else seeding.env_seed(0, num_envs=num_envs),
+            # a placement that builds envs anew (a restarted Ray worker) seeds them from its rank's next part
+            seed_step=1 if seeding is None else seeding.world_size * num_envs,
             timeout=timeout,
         )
         self.envs = self._placement.envs
@@ -304,7 +311,7 @@ class Collector:
         self._resumed = 0  # of which earlier collectors delivered
         self._error: BaseException | None = None
         self._driven = self._claim(envs) if isinstance(envs, VectorEnv) else None
-        self.seed = seed
+        self.seed = seeding
         self._starts = 1  # collectors over this seed stream, this one included (load_state_dict continues it)
         self.closed = False
         _live.add(self)
@@ -435,19 +442,24 @@ class Collector:
         Returns:
             A dict of plain ints (``torch.save`` and ``pickle`` it as it is):
             ``batches`` and ``env_steps`` delivered, ``policy_version``, and the
-            seed stream (``seed``, ``starts``: collectors that have reset the envs
-            from it), with ``num_steps`` and ``num_envs`` to check it against.
+            seed stream (``seed``, the ``rank`` and ``world_size`` it is keyed by,
+            ``starts``: the parts of it used, by collectors that reset the envs
+            and by restarted Ray workers), with ``num_steps`` and ``num_envs`` to
+            check it against.
 
         What it cannot hold is the envs' own state: episodes in progress (and
         the batches collected ahead but not delivered) are lost, and a resumed
         collector starts every env on a new episode.
         """
+        seed = Seed(0).resolved() if self.seed is None else self.seed  # unseeded: the rank, for the record
         return {
             "batches": self._delivered,
             "env_steps": self._delivered * self.num_steps * self.num_envs,
             "policy_version": self.policy_version,
-            "seed": self.seed,
-            "starts": self._starts,
+            "seed": None if self.seed is None else seed.value,
+            "rank": seed.rank,
+            "world_size": seed.world_size,
+            "starts": self._starts + self._placement.extra_starts,
             "num_steps": self.num_steps,
             "num_envs": self.num_envs,
         }
@@ -460,15 +472,19 @@ class Collector:
         ``len()`` counts those),
         :attr:`policy_version` and the rows' ``policy_version`` continue from the
         saved one, and the envs are reset from the next part of the seed stream:
-        the ``k``-th collector over ``seed`` (``k = starts``) resets env ``j``
-        with ``seed + k * num_envs + j``, so a resumed run never replays the
-        episodes its first part began with. Pass the same ``seed`` as before to
-        continue the same stream.
+        the ``k``-th start over ``seed`` (``k = starts``) resets env ``j`` of rank
+        ``r`` of ``world_size`` with ``seed + (k * world_size + r) * num_envs + j``
+        (one rank: ``seed + k * num_envs + j``), so a resumed run never replays
+        the episodes its earlier parts began with, nor those of another rank.
+        Pass the same ``seed`` as before to continue the same stream; each rank
+        loads the state that its own rank saved.
 
         Raises:
             RuntimeError: once collection has started (``iter()`` or ``next()``), or on a closed collector.
-            ValueError: for a state that is not a :meth:`state_dict` or was saved
-                with another ``num_steps * num_envs``.
+            ValueError: for a state that is not a :meth:`state_dict`, was saved
+                with another ``num_steps * num_envs``, or (both seeded) by another
+                rank or world size: a state without ``rank`` and ``world_size``
+                (of an earlier release) is rank 0 of 1.
         """
         if self.closed:
             raise RuntimeError("Collector.load_state_dict: the collector is closed; create a new Collector")
@@ -478,10 +494,15 @@ class Collector:
                 "collecting); create a new Collector and load the state into it before iter() or next()"
             )
         keys = ("batches", "policy_version", "starts", "num_steps", "num_envs")
-        if not isinstance(state, Mapping) or any(not isinstance(state.get(k), int) for k in keys):
+        optional = {"rank": 0, "world_size": 1}  # absent from the states of earlier releases: one rank
+        if (
+            not isinstance(state, Mapping)
+            or any(not isinstance(state.get(k), int) for k in keys)
+            or any(not isinstance(state.get(k, default), int) for k, default in optional.items())
+        ):
             raise ValueError(
                 f"Collector.load_state_dict: expected the dict of Collector.state_dict() with int entries "
-                f"{list(keys)}, got {state!r}"
+                f"{list(keys)} (and {list(optional)}), got {state!r}"
             )
         saved, now = state["num_steps"] * state["num_envs"], self.num_steps * self.num_envs
         if saved != now:
@@ -490,11 +511,13 @@ class Collector:
                 f"{state['num_steps']} * {state['num_envs']} = {saved} env steps, this collector's are "
                 f"{self.num_steps} * {self.num_envs} = {now}; resume with the same batch size"
             )
+        if self.seed is not None and state.get("seed") is not None:
+            _check_same_rank(state.get("rank", 0), state.get("world_size", 1), self.seed)
         self._placement.set_version(state["policy_version"])
         self._delivered = self._resumed = state["batches"]
         self._starts = state["starts"] + 1
         if self.seed is not None:
-            self._placement.reseed(self.seed + state["starts"] * self.num_envs)
+            self._placement.reseed(self.seed.env_seed(0, num_envs=self.num_envs, start=state["starts"]))
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -541,6 +564,18 @@ class Collector:
             f"num_envs={getattr(self, 'num_envs', None)}, num_steps={getattr(self, 'num_steps', None)}, "
             f"device={getattr(self, 'device', None)}, prefetch={getattr(self, 'prefetch', None)}, "
             f"autoreset_mode={getattr(getattr(self, 'autoreset_mode', None), 'value', None)}, closed={self.closed})"
+        )
+
+
+def _check_same_rank(rank: int, world_size: int, seed: Seed) -> None:
+    """Refuses a state saved by another rank or world size: its seed stream would meet another rank's."""
+    if (rank, world_size) != (seed.rank, seed.world_size):
+        raise ValueError(
+            f"Collector.load_state_dict: the state was saved by rank {rank} of world_size {world_size}, but this "
+            f"collector is rank {seed.rank} of world_size {seed.world_size} ({seed}); the seed stream is keyed by "
+            "both, so it would replay episodes of another rank: resume with the same seeding as the saved run, "
+            f"the same number of ranks each loading its own rank's state (or seed=torch_rollout.Seed({seed.value}, "
+            f"rank={rank}, world_size={world_size}))"
         )
 
 
