@@ -234,12 +234,12 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path 
     With `training=False` (for --eval) rewards stay raw: no reward scaling or clipping. With
     `video`, the first episode of sub-env 0 is recorded to `<video>-episode-0.mp4`.
     """
-    if gym.spec(cfg.env_id).vector_entry_point is not None:
-        # a vector env of its own, such as torch_rollout/CartPole-v1 (torch tensors on the agent's device);
+    if cfg.env_id.startswith("torch_rollout/"):
+        # a vector env of torch tensors, such as torch_rollout/CartPole-v1, on the agent's device;
         # the wrappers below are gymnasium's NumPy ones
         numpy_only = ("mask_velocity", "normalize_obs", "normalize_reward", "clip_action")
         if video is not None or any(getattr(cfg, key) for key in numpy_only):
-            raise ConfigError(f"{cfg.env_id} is a vector env of its own: {', '.join(numpy_only)} and capture_video "
+            raise ConfigError(f"{cfg.env_id} is a vector env of torch tensors: {', '.join(numpy_only)} and capture_video "
                               "are for gymnasium's NumPy envs")  # fmt: skip
         return gym.make_vec(cfg.env_id, num_envs=num_envs, device=agent_device(cfg))
     wrappers = []

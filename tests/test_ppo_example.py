@@ -198,7 +198,7 @@ def test_torch_cartpole_config_trains_and_evaluates_on_the_torch_env(tmp_path):
     assert checkpoint["config"]["env_id"] == "torch_rollout/CartPole-v1"
     assert EVAL_LINE.search(run_script("--eval", str(run_dir / "checkpoint.pt"), "eval_episodes=2"))
     refused = run_script_failing("--config", config, "normalize_obs=true", f"run_dir={tmp_path / 'refused'}")
-    assert "torch_rollout/CartPole-v1 is a vector env of its own" in refused
+    assert "torch_rollout/CartPole-v1 is a vector env of torch tensors" in refused
 
 
 def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
