@@ -239,8 +239,10 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path 
         # the wrappers below are gymnasium's NumPy ones
         numpy_only = ("mask_velocity", "normalize_obs", "normalize_reward", "clip_action")
         if video is not None or any(getattr(cfg, key) for key in numpy_only):
-            raise ConfigError(f"{cfg.env_id} is a vector env of torch tensors: {', '.join(numpy_only)} and capture_video "
-                              "are for gymnasium's NumPy envs")  # fmt: skip
+            raise ConfigError(
+                f"{cfg.env_id} is a vector env of torch tensors: {', '.join(numpy_only)} and capture_video are for "
+                "gymnasium's NumPy envs"
+            )
         return gym.make_vec(cfg.env_id, num_envs=num_envs, device=agent_device(cfg))
     wrappers = []
     if cfg.mask_velocity:
