@@ -9,6 +9,7 @@ error.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ from reliability_envs import (
     PolicyFault,
     RaisingPolicy,
     Snapshot,
+    close_envs,
     collector_threads,
     faulty_fns,
     faulty_vec,
@@ -118,6 +120,22 @@ def test_env_reset_raising_reaches_consumer(cls, mode, at):
     snapshot.assert_no_leaks()
 
 
+@pytest.mark.parametrize("cls", [SyncVectorEnv, AsyncVectorEnv], ids=vec_id)
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@ASYNC_ERROR_LOG
+def test_env_raising_is_named_by_its_global_index(placement, cls):
+    """Env 3 of 4 raises in its step; with two workers it is the second worker's env 1."""
+    recipe = functools.partial(faulty_vec, cls=cls, faulty_index=3, fault="step_raises", at=7)
+    envs, extra = envs_for(placement, recipe, 4)
+    collector = Collector(envs, ConstantPolicy(), num_steps=4, device="cpu", timeout=TIMEOUT, **placement, **extra)
+    with pytest.raises(EnvFault, match=re.escape("step 7 of env 3 failed")) as info:
+        for _ in take(collector):
+            pass
+    assert getattr(info.value, "__notes__", [])[:1] == ["(raised by env 3)"]
+    collector.close()
+    close_envs(envs)
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("at", [1, 9], ids=["first-call", "mid-rollout"])
 def test_policy_raising_reaches_consumer(prefetch, at):
@@ -128,6 +146,7 @@ def test_policy_raising_reaches_consumer(prefetch, at):
         for _ in take(collector):
             pass
     assert "forward" in frames(info.value)
+    assert not getattr(info.value, "__notes__", [])  # no env is blamed for the policy's error
     assert_failed_for_good(collector, PolicyFault)
     envs.close()
     del envs, collector, info
@@ -245,5 +264,6 @@ def test_async_env_error_reaches_consumer_when_warnings_are_errors(placement):
                     warnings.simplefilter("ignore")
                     envs.close(terminate=True)
                 raise
-    # The worker's traceback (the env's step) is shown with it.
+    # The worker's traceback (the env's step) is shown with it, and the env is named.
     assert "reliability_envs.py" in "".join(traceback.format_exception(info.value))
+    assert "(raised by env 1)" in getattr(info.value, "__notes__", [])

@@ -161,23 +161,64 @@ def explain_env_error(envs: VectorEnv, exc: BaseException, *, env_offset: int = 
     raises "Output array is the wrong shape" (SyncVectorEnv), "could not
     broadcast" (AsyncVectorEnv's shared memory) or "all input arrays must have
     the same shape" (its pipes). Envs are named by their global index, the
-    index in ``envs`` plus ``env_offset``. Runs only on the error path.
+    index in ``envs`` plus ``env_offset``: an exception that a sub-env of a
+    SyncVectorEnv or AsyncVectorEnv raised itself gets the note
+    ``(raised by env 5)``. Runs only on the error path.
     """
     base = envs.unwrapped
     if isinstance(exc, (EOFError, OSError)) and isinstance(base, AsyncVectorEnv) and not base.closed:
         return _explain_dead_worker(base, exc)
+    failed = None  # the index in envs of the sub-env whose own exception exc is, where the vector env tells
     if isinstance(base, AsyncVectorEnv):
         # The frame of gymnasium's AsyncVectorEnv._raise_if_errors: which worker failed, and how.
         worker = _frame_locals(exc, "gymnasium.vector.async_vector_env", ("index", "exctype", "value", "trace"))
+        if worker is not None:
+            failed = worker["index"]  # an AsyncVectorEnv worker steps one sub-env: its own
         if worker is not None and isinstance(exc, Warning):
             # gymnasium logs a worker's error with warnings.warn before raising it; a warnings filter
             # "error" raised the log line instead. Do what gymnasium had left to do.
             exc = _finish_raise_if_errors(base, worker)
         if worker is not None and isinstance(exc, ValueError) and "write_to_shared_memory" in worker["trace"]:
             return _explain_unwritable_obs(base, exc, env_offset + worker["index"])
+    elif isinstance(base, SyncVectorEnv):
+        failed = _sync_failed_env(base, exc)
     if isinstance(exc, ValueError) and isinstance(base, (SyncVectorEnv, AsyncVectorEnv)):
-        return _explain_unstackable_obs(base, exc, env_offset)
+        explained = _explain_unstackable_obs(base, exc, env_offset)
+        if explained is not exc:
+            return explained
+    if failed is not None:
+        _note_env(exc, env_offset + failed)
     return exc
+
+
+def _sync_failed_env(base: SyncVectorEnv, exc: BaseException) -> int | None:
+    """The sub-env of ``base`` whose ``step`` or ``reset`` raised ``exc``, from the frame of gymnasium's loop over them.
+
+    None where ``exc`` came from elsewhere (the policy, or gymnasium's own code after the loop).
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        frame = tb.tb_frame
+        if (
+            frame.f_globals.get("__name__") == "gymnasium.vector.sync_vector_env"
+            and frame.f_code.co_name in ("step", "reset")
+            and frame.f_locals.get("self") is base
+        ):
+            i = frame.f_locals.get("i")
+            # The call this frame made is the sub-env's own method (its outermost wrapper's), not gymnasium's code.
+            if isinstance(i, int) and 0 <= i < len(base.envs):
+                if tb.tb_next.tb_frame.f_locals.get("self") is base.envs[i]:
+                    return i
+        tb = tb.tb_next
+    return None
+
+
+def _note_env(exc: BaseException, env: int) -> None:
+    """Notes on ``exc`` the global index of the env that raised it, once (a vector env inside another reports too)."""
+    note = f"(raised by env {env})"
+    notes = getattr(exc, "__notes__", ())
+    if hasattr(exc, "add_note") and not any(n.startswith("(raised by env ") for n in notes):
+        exc.add_note(note)
 
 
 def _explain_dead_worker(base: AsyncVectorEnv, exc: BaseException) -> BaseException:
