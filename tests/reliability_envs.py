@@ -35,6 +35,7 @@ __all__ = [
     "EnvFault",
     "FaultyEnv",
     "GcPolicy",
+    "ImageEnv",
     "PolicyFault",
     "RaisingPolicy",
     "SlowReadPolicy",
@@ -241,6 +242,29 @@ class ActionEchoEnv(gym.Env):
         flat = np.asarray(action, dtype=np.float32).ravel()
         obs[: flat.size] = flat
         return obs, 0.0, False, False, {}
+
+
+class ImageEnv(gym.Env):
+    """A uint8 observation of ``size`` bytes (Atari's 4x84x84 frame stack is 28,224), two actions, 10-step episodes.
+
+    For tests of memory: a batch of ``T x N`` rows holds ``T x N x size`` bytes of observations.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, size: int = 28_224) -> None:
+        self.observation_space = spaces.Box(0, 255, (size,), np.uint8)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(self.observation_space.shape, dtype=np.uint8), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return np.full(self.observation_space.shape, self.t, dtype=np.uint8), 1.0, self.t == 10, False, {}
 
 
 def faulty_fns(num_envs: int, faulty_index: int = 0, **fault: Any) -> list[Callable[[], gym.Env]]:
@@ -540,7 +564,7 @@ def warm_up_multiprocessing() -> None:
     envs.close()
 
 
-# Env ids for collectors that build (and own) their envs: healthy, and blocking in the third step.
+# Env ids for collectors that build (and own) their envs: healthy, blocking in the third step, and large observations.
 _IDS = {
     "torch_rollout_tests/Faulty-v0": {},
     "torch_rollout_tests/FaultyBlockingAt3-v0": {"fault": "step_blocks", "at": 3},
@@ -548,3 +572,5 @@ _IDS = {
 for _id, _kwargs in _IDS.items():
     if _id not in gym.registry:
         gym.register(_id, entry_point=FaultyEnv, kwargs=_kwargs, disable_env_checker=True)
+if "torch_rollout_tests/Image-v0" not in gym.registry:
+    gym.register("torch_rollout_tests/Image-v0", entry_point=ImageEnv, disable_env_checker=True)

@@ -7,6 +7,7 @@ every placement by the parametrized tests of the other modules.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ from reliability_envs import ConstantPolicy, EnvFault, PolicyFault, RaisingPolic
 TIMEOUT = 60.0
 TESTS = Path(__file__).resolve().parent
 FAULTY = "torch_rollout_tests/Faulty-v0"
+IMAGE = "torch_rollout_tests/Image-v0"
 
 
 def descendants(pid: int | None = None) -> set[int]:
@@ -89,6 +91,28 @@ def shm_in_use(pids: set[int]) -> set[str]:
         except OSError:  # it exited meanwhile
             continue
     return found
+
+
+def shm_bytes() -> int:
+    """Bytes of /dev/shm that this process holds: files it maps or has open, removed ones (torch's) included.
+
+    Only this process's: other processes on the machine create and remove entries too.
+    """
+    sizes: dict[int, int] = {}  # inode -> bytes
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                sizes[int(fields[4])] = max(sizes.get(int(fields[4]), 0), end - start)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/"):
+                stat = os.stat(f"/proc/self/fd/{fd}")
+                sizes[stat.st_ino] = max(sizes.get(stat.st_ino, 0), stat.st_size)
+        except OSError:  # the directory listing's own descriptor, closed by now
+            continue
+    return sum(sizes.values())
 
 
 def mapped_semaphores() -> set[str]:
@@ -350,6 +374,37 @@ def test_100_create_iterate_close_cycles_leave_nothing_behind():
     assert wait_until(lambda: not workers(), 10.0)
     snapshot.assert_no_leaks()
     assert mapped_semaphores() <= semaphores  # the workers' locks are released with their collectors
+
+
+def test_close_frees_the_shared_memory_at_once():
+    """20 collectors one after the other, each closed but still referenced, the garbage collector off: after each
+    close() this process holds no more of /dev/shm than before it (its delivered batch is a copy)."""
+    slot = 8 * 4 * 2**16  # bytes of the observations of one [8, 4] batch: 2 MiB
+    gc.collect()
+    baseline = shm_bytes()
+    gc.disable()  # freed by close() itself, not by a later collection of reference cycles
+    try:
+        for i in range(20):
+            collector = Collector(
+                gym_envs(IMAGE, size=2**16),
+                ConstantPolicy(),
+                num_envs=4,
+                num_steps=8,
+                backend=Processes(1 + i % 2),
+                prefetch=1,
+                timeout=TIMEOUT,
+            )
+            batch = next(collector)
+            held = shm_bytes() - baseline
+            collector.close()
+            left = shm_bytes() - baseline
+            assert held >= slot, f"collector {i}: the measure does not see its slots ({held} bytes)"
+            assert left <= 64 * 1024, (
+                f"collector {i} ({collector.num_workers} workers): {left} bytes kept after close()"
+            )
+            assert batch["obs"].shape == (8, 4, 2**16)
+    finally:
+        gc.enable()
 
 
 # -- the trainer's process: Ctrl-C and SIGKILL ------------------------------------------------------

@@ -208,6 +208,11 @@ class ProcessPlacement(RemotePlacement):
             return payload[0]
         index, slots = payload
         if slots is not None:
+            # They arrive locked (share_memory_() locks a TensorDict), and a locked TensorDict caches the key
+            # views that torch.cat takes, which refer back to it: a reference cycle that kept the slots' shared
+            # memory after close() until the garbage collector ran. Unlocked, dropping them frees it.
+            for slot in slots:
+                slot.unlock_()
             self.slots[k] = slots
             # The slots' file descriptors came from the worker's resource sharer: it may go on now.
             try:
