@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import gymnasium
@@ -169,6 +171,120 @@ def test_batches_are_not_overwritten_by_later_collection():
     steps = torch.cat([b["obs"][..., 2] for b in batches])  # steps keep counting across batches
     assert len(set(map(tuple, torch.cat([b["obs"] for b in batches]).reshape(-1, 4).tolist()))) > 10
     assert steps.shape == (40, 2)
+
+
+SMALL_SHM = """
+import json, os, sys, time
+sys.path.insert(0, {tests!r})
+import torch
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector, Processes, gym_envs
+
+
+def used():
+    stat = os.statvfs("/dev/shm")
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+def large_outputs(n):  # a policy output of 128 KiB per row, beyond the check's lower bound
+    return {{"action": torch.zeros(n, dtype=torch.long), "features": torch.zeros(n, 2**17, dtype=torch.uint8)}}
+
+
+def run(case, envs, policy, num_steps):
+    start, before = time.monotonic(), used()
+    result = {{"case": case}}
+    try:
+        collector = Collector(envs, policy, num_envs=4, num_steps=num_steps, backend=Processes(2), prefetch=1,
+                              timeout=60.0, device="cpu")
+    except RuntimeError as exc:
+        return {{**result, "raised_by": "Collector", "error": str(exc), "seconds": time.monotonic() - start}}
+    try:
+        for _ in zip(range(2), collector):
+            pass
+        result["raised_by"] = None
+    except RuntimeError as exc:
+        result.update(raised_by="next", error=str(exc))
+    collector.close()
+    return {{**result, "kept_after_close": used() - before}}
+
+
+if __name__ == "__main__":
+    # The 8 MiB /dev/shm: 2 slots of [32, 4] rows of 64 KiB observations (16 MiB) do not fit; [16, 4] of 16 KiB do.
+    print(json.dumps([
+        run("slots", gym_envs("torch_rollout_tests/Image-v0", size=2**16), ConstantPolicy(), 32),
+        run("fits", gym_envs("torch_rollout_tests/Image-v0", size=2**14), ConstantPolicy(), 16),
+        run("outputs", "torch_rollout_tests/Faulty-v0", ConstantPolicy(make=large_outputs), 16),
+    ]))
+"""
+
+
+def private_small_shm() -> bool:
+    """Whether this machine lets a process mount its own 8 MiB tmpfs at /dev/shm (root, mount namespaces)."""
+    command = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=8m tmpfs /dev/shm"]
+    try:
+        return subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not private_small_shm(), reason="needs unshare -m and mount (root): a private 8 MiB /dev/shm")
+def test_a_small_dev_shm_is_refused_by_the_constructor_with_the_fixes(tmp_path):
+    """In a private mount namespace whose /dev/shm is an 8 MiB tmpfs (Docker gives 64 MB), as a real script."""
+    script = tmp_path / "small_shm.py"
+    script.write_text(textwrap.dedent(SMALL_SHM).format(tests=str(TESTS)))
+    command = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {script}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    slots, fits, outputs = json.loads(proc.stdout.splitlines()[-1])
+
+    # Refused before any batch is collected: the constructor raises, with the numbers and the fixes.
+    assert slots["raised_by"] == "Collector", slots
+    assert slots["seconds"] < 10.0  # the forkserver's and the workers' start on a loaded 2-core machine
+    needed = 2 * 32 * 4 * (2**16 + 8 + 27)  # slots x T x N x (obs + int64 action + the collector's keys)
+    message = slots["error"]
+    assert (
+        f"the batch slots (2 per worker for prefetch=1, x 32 steps x 4 envs x {2**16 + 35:,} bytes per row" in message
+    )
+    assert f"need at least {needed:,} bytes (16.0 MiB) of shared memory, but /dev/shm has only " in message
+    assert "free of 8.0 MiB" in message and "docker run --shm-size=" in message
+    assert "num_steps * num_envs" in message and "prefetch=0" in message and "backend='thread'" in message
+
+    # Slots that fit are used, and close() gives back every byte of /dev/shm (the workers' too).
+    assert fits["raised_by"] is None, fits
+    assert fits["kept_after_close"] == 0
+
+    # Policy outputs that the check cannot foresee: the worker that cannot allocate its slots says the same.
+    assert outputs["raised_by"] == "next", outputs
+    assert "batch slots of " in outputs["error"] and "the policy's outputs included" in outputs["error"]
+    assert "docker run --shm-size=" in outputs["error"] and "backend='thread'" in outputs["error"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="the check needs /dev/shm (Linux)")
+@pytest.mark.parametrize("free", [0, 2**20], ids=["no-room-for-weights", "no-room-for-slots"])
+def test_a_small_dev_shm_is_refused_before_the_workers_collect(monkeypatch, free):
+    """/dev/shm's free space faked in the trainer: its check, not torch's allocation, refuses the collector."""
+    statvfs = os.statvfs
+
+    def fake(path):
+        real = statvfs(path)
+        if os.path.realpath(path) != "/dev/shm":
+            return real
+        return types.SimpleNamespace(f_bavail=free // real.f_frsize, f_frsize=real.f_frsize, f_blocks=real.f_blocks)
+
+    monkeypatch.setattr(os, "statvfs", fake)
+    needed = 2 * 8 * 4 * (2**16 + 8 + 27)  # 2 slots of [8, 4] rows of 64 KiB observations: 4 MiB
+    what = "the policy's weights" if free == 0 else "the batch slots (2 per worker for prefetch=1, x 8 steps x 4 envs"
+    with pytest.raises(RuntimeError, match=re.escape(f"Collector(backend='process'): {what}")) as info:
+        Collector(gym_envs(IMAGE, size=2**16), ConstantPolicy(), num_envs=4, num_steps=8, backend=Processes(2))
+    assert f"but /dev/shm has only {free:,} bytes" in str(info.value)
+    if free:
+        assert f"need at least {needed:,} bytes (4.0 MiB)" in str(info.value)
+    assert wait_until(lambda: not workers(), 5.0)
+    monkeypatch.undo()
+    # At least: what the check counts is no more than what a batch stores without the policy's outputs.
+    with Collector(gym_envs(IMAGE, size=2**16), ConstantPolicy(), num_envs=4, num_steps=8, backend="thread") as c:
+        batch = next(c)
+    assert needed // 2 <= batch.exclude("value", "next_value", "done", "advantage", "return").bytes()
 
 
 # -- recipes and arguments -------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from torch_rollout._spaces import (
     first_non_finite,
     obs_to_tensor,
     select_obs,
+    space_nbytes,
     stack_final_obs,
 )
 from torch_rollout._spec import LoopSpec
@@ -206,6 +207,20 @@ class RolloutLoop:
             rows = initial_state[env_offset : env_offset + self.num_envs]
             self.initial_state = rows.to(device).clone()
             self.state_keys = list(rows.keys(include_nested=True, leaves_only=True))
+
+    def min_row_bytes(self) -> int:
+        """Bytes that one row of a batch (one env, one step) takes at least, before the policy has run.
+
+        The observation (float64 stored as float32) and with ``next_obs_key`` the next one, the action
+        (floats as float32, as policies return them), the loop's own keys and a recurrent state; the
+        policy's other outputs (``value``, ``log_prob``, ...), ``next_value`` and infos come on top.
+        """
+        state = 0
+        if self.initial_state is not None:
+            state = sum(t[0].nbytes for _, t in self.initial_state.items(include_nested=True, leaves_only=True))
+        own = sum(np.dtype(dtype).itemsize for dtype in self.host_keys.values())
+        obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
+        return obs + space_nbytes(self.envs.single_action_space) + own + state
 
     @staticmethod
     def step_width(envs: VectorEnv) -> int:

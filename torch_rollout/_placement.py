@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import pickle
 import sys
 from collections.abc import Mapping
@@ -194,11 +195,14 @@ class Processes(Backend):
             )
 
     def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
-        from torch_rollout._process import ProcessPlacement
+        from torch_rollout._process import ProcessPlacement, check_shared_memory
 
         why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
-        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix).share_memory()
+        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
+        weights = sum(t.nbytes for t in itertools.chain(runner.parameters(), runner.buffers()))
+        check_shared_memory(weights, "the policy's weights (the copy of them that the worker processes share)")
+        runner.share_memory()
         return ProcessPlacement(
             envs,
             runner,

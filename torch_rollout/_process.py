@@ -13,6 +13,7 @@ workers never wait for one another.
 from __future__ import annotations
 
 import copy
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -35,12 +36,14 @@ from torch_rollout._remote import RemotePlacement, error_message, sigint_deferre
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
 
-__all__ = ["ProcessPlacement"]
+__all__ = ["ProcessPlacement", "check_shared_memory"]
 
 # Slots of the control block shared with the workers (an int64 tensor).
 _VERSION, _STOP = 0, 1
 # How long close() waits for a worker to exit by itself before it is terminated.
 _EXIT_WAIT = 5.0
+# Where torch keeps the shared memory of tensors (share_memory_()) on Linux: a tmpfs, 64 MB in a Docker container.
+_SHM_DIR = "/dev/shm"
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -51,6 +54,41 @@ def _context() -> multiprocessing.context.BaseContext:
         ctx.set_forkserver_preload(["torch_rollout._process"])
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def check_shared_memory(needed: int, what: str) -> None:
+    """Raises RuntimeError, naming ``what`` and the fixes, when ``needed`` bytes exceed /dev/shm's free space.
+
+    Skipped where there is no /dev/shm (torch then shares memory some other way).
+    """
+    room = _shm_room()
+    if room is not None and needed > room[0]:
+        raise RuntimeError(_shm_message(needed, what, *room))
+
+
+def _shm_room() -> tuple[int, int] | None:
+    """``(free, size)`` bytes of /dev/shm, or None where there is none."""
+    if not os.path.isdir(_SHM_DIR):
+        return None
+    stat = os.statvfs(_SHM_DIR)
+    return stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+
+
+def _shm_message(needed: int, what: str, free: int, size: int) -> str:
+    # A size that holds what is in use now and twice this (a lower bound where it is the batch slots'), in
+    # steps of 64 MiB. A tmpfs takes memory only for what is in it: a generous size costs nothing.
+    suggested = math.ceil((size - free + 2 * needed) / 2**26) * 64
+    return (
+        f"Collector(backend='process'): {what} need at least {needed:,} bytes ({_mib(needed)}) of shared memory, "
+        f"but {_SHM_DIR} has only {free:,} bytes ({_mib(free)}) free of {_mib(size)}; give it more (Docker: e.g. "
+        f"docker run --shm-size={suggested}m ...; Kubernetes: an emptyDir volume with medium: Memory at {_SHM_DIR}), "
+        "collect smaller batches (num_steps * num_envs), keep fewer batch slots (prefetch=0: one per worker), or "
+        "pass backend='thread', which needs no shared memory"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 class ProcessPlacement(RemotePlacement):
@@ -91,6 +129,7 @@ class ProcessPlacement(RemotePlacement):
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
+        self._row_bytes = [0] * num_workers  # each worker's RolloutLoop.min_row_bytes(), from its "ready"
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         try:
@@ -121,6 +160,14 @@ class ProcessPlacement(RemotePlacement):
             # Each worker reports its envs once they are built and reset (or the error that stopped it).
             self.autoreset_mode = self._await_ready(
                 startup_timeout, "the worker processes did not build and reset their envs"
+            )
+            # Before the first batch: the slots are allocated then, and torch's error would not say why or what helps.
+            rows = sum(self._row_bytes[k] * count for k, (_, count) in enumerate(self.shares))
+            check_shared_memory(
+                (prefetch + 1) * spec.num_steps * rows,
+                f"the batch slots ({prefetch + 1} per worker for prefetch={prefetch}, x {spec.num_steps} steps x "
+                f"{num_envs} envs x {self._row_bytes[0]:,} bytes per row of the observation, the action and the "
+                "collector's own keys, before the policy's other outputs such as value and log_prob)",
             )
         except BaseException:
             self.close(0.0)
@@ -205,6 +252,7 @@ class ProcessPlacement(RemotePlacement):
     def _unpack(self, k: int, message: tuple) -> Any:
         tag, payload = message[0], message[1:]
         if tag == "ready":
+            self._row_bytes[k] = payload[0]["row_bytes"]
             return payload[0]
         index, slots = payload
         if slots is not None:
@@ -317,7 +365,8 @@ def _worker_main(
             loop = worker_loop(
                 envs, spec, forward, start_index=start_index, device=device, seed=seed, stop=lambda: bool(ctrl[_STOP])
             )
-            conn.send(("ready", {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs)}))
+            ready = {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
+            conn.send(("ready", ready))
             slots: list[TensorDict] = []
             credits = 0  # requests that arrived while the worker waited for the parent to map its slots
             produced = 0
@@ -338,8 +387,7 @@ def _worker_main(
                 else:
                     # The first batch tells the policy's outputs: allocate every slot like it, once. Their
                     # file descriptors are served by this process until the parent acknowledges them.
-                    first = loop.collect().share_memory_()
-                    slots = [first] + [first.clone().share_memory_() for _ in range(num_slots - 1)]
+                    slots = _shared_slots(loop.collect(), num_slots, index)
                     conn.send(("batch", i, slots))
                     while (message := conn.recv()) != "ack":
                         if message is not None:
@@ -359,6 +407,22 @@ def _worker_main(
                 envs.close()
             except Exception:
                 pass
+
+
+def _shared_slots(first: TensorDict, num_slots: int, index: int) -> list[TensorDict]:
+    """``first`` and ``num_slots - 1`` copies of it, in shared memory; a clear error where /dev/shm is too small."""
+    try:
+        first.share_memory_()
+        return [first] + [first.clone().share_memory_() for _ in range(num_slots - 1)]
+    except RuntimeError as exc:
+        if "unable to allocate shared memory" not in str(exc):
+            raise
+        free, size = _shm_room() or (0, 0)
+        what = (
+            f"worker process {index}'s {num_slots} batch slots of {first.bytes():,} bytes each (every key of the "
+            "batch, the policy's outputs included)"
+        )
+        raise RuntimeError(_shm_message(num_slots * first.bytes(), what, free, size)) from exc
 
 
 class _WorkerForward:

@@ -18,6 +18,7 @@ __all__ = [
     "empty_obs",
     "obs_to_tensor",
     "select_obs",
+    "space_nbytes",
     "stack_final_obs",
     "ActionConverter",
     "ObsChecker",
@@ -59,6 +60,13 @@ def _storage_dtype(space: spaces.Space) -> np.dtype:
 
 def _space_shape(space: spaces.Space) -> tuple[int, ...]:
     return tuple(space.shape) if space.shape is not None else ()
+
+
+def space_nbytes(space: spaces.Space) -> int:
+    """Bytes of one value of ``space`` as a batch stores it: float64 as float32, the leaves of a Dict space summed."""
+    if isinstance(space, spaces.Dict):
+        return sum(space_nbytes(sub) for sub in space.spaces.values())
+    return _storage_dtype(space).itemsize * int(np.prod(_space_shape(space), dtype=np.int64))
 
 
 class ObsBuffer:
