@@ -580,20 +580,108 @@ def test_ctrl_c_in_the_trainer_closes_everything():
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 5.0)
 
 
-def test_script_without_main_guard_is_explained(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(TESTS)!r})
-        from reliability_envs import ConstantPolicy
-        from torch_rollout import Collector
+# -- the trainer's script, as worker processes import it ---------------------------------------------
 
-        collector = Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=4, device="cpu")
-        next(collector)
-    """)
+# A trainer whose policy class lives in __main__; its backend="auto" collector, then an explicit "process" one.
+CELL = """
+import json, sys, time
+import torch
+from torch_rollout import Collector
+
+
+class Policy(torch.nn.Module):
+    def forward(self, obs):
+        return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+
+
+if __name__ == "__main__":
+    with Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, total_timesteps=8, device="cpu") as auto:
+        result = {"auto": auto.backend, "batches": len(list(auto))}
+    start = time.monotonic()
+    try:
+        Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, device="cpu", backend="process")
+    except TypeError as exc:
+        result.update(error=str(exc), seconds=time.monotonic() - start)
+    print(json.dumps(result))
+"""
+# How each way of running the cell names the cause.
+UNIMPORTABLE = {
+    "stdin": "the trainer's __main__ was read from '<stdin>' (python - or a pipe), not from a file, and worker "
+    "processes start by running __main__ again from its file: save the script to a file and run that",
+    "exec": "policy uses class Policy, defined by code exec'd into __main__ (its code comes from '<string>'), not by "
+    "the script '{runner}' that worker processes run again to import __main__; define it in a module that you "
+    "import (e.g. a .py file next to the script), or pass backend='thread'",
+    "command": "policy uses class Policy, defined in an interactive __main__ (a notebook, the REPL or python -c), "
+    "which worker processes cannot import; define it in a module that you import",
+}
+
+
+@pytest.mark.parametrize("how", list(UNIMPORTABLE))
+def test_a_main_that_worker_processes_cannot_import_gets_the_thread_or_a_clear_error(tmp_path, how):
+    """python - (stdin), code exec'd into the __main__ of a runner script, python -c: "auto" takes the thread, and
+    an explicit backend="process" is refused at once by a TypeError naming the cause (not a worker's death)."""
+    code = textwrap.dedent(CELL)
+    runner = tmp_path / "runner.py"
+    runner.write_text(f'if __name__ == "__main__":\n    exec(compile({code!r}, "<string>", "exec"))\n')
+    command = {
+        "stdin": [sys.executable, "-"],
+        "exec": [sys.executable, str(runner)],
+        "command": [sys.executable, "-c", code],
+    }
+    proc = subprocess.run(
+        command[how], input=code if how == "stdin" else None, capture_output=True, text=True, timeout=120
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert (result["auto"], result["batches"]) == ("thread", 1)
+    assert result["error"].startswith("Collector(backend='process'): ")
+    assert UNIMPORTABLE[how].format(runner=runner) in result["error"]
+    assert result["seconds"] < 1.0  # before any worker process is started
+
+
+NO_GUARD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector
+
+
+def report(*exc_info, start=time.monotonic()):
+    print(f"raised after {{time.monotonic() - start:.3f}} s", file=sys.stderr)
+    sys.__excepthook__(*exc_info)
+
+
+sys.excepthook = report
+{body}
+"""
+COLLECTOR = 'Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=4, device="cpu")'
+UNGUARDED = {
+    # Seen in the script's source: refused by the constructor, before any worker starts.
+    "top-level": (
+        f"collector = {COLLECTOR}\nnext(collector)",
+        "the script {script} creates this Collector at line {line}, outside an 'if __name__ == \"__main__\":' "
+        "block; worker processes import the trainer's __main__ script again, and would run that line too",
+    ),
+    # Inside a try the source cannot tell: the worker that dies importing the script is explained.
+    "in-a-try": (
+        f"try:\n    {COLLECTOR}\nfinally:\n    pass",
+        "before its envs were built; its traceback is on stderr. Worker processes import the trainer's __main__ "
+        "script again",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(UNGUARDED))
+def test_script_without_main_guard_is_explained(tmp_path, where):
+    body, cause = UNGUARDED[where]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(NO_GUARD).format(tests=str(TESTS), body=body))
+    line = script.read_text().splitlines().index(body.splitlines()[0]) + 1
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "before its envs were built" in proc.stderr
+    assert cause.format(script=script, line=line) in proc.stderr
     assert """must sit under 'if __name__ == "__main__":' (or pass backend='thread')""" in proc.stderr
+    # From the script's start (just before the Collector call) to the error: in the source, at once; else after the
+    # forkserver's and a worker's start, which take seconds on a loaded 2-core machine.
+    seconds = float(re.search(r"raised after ([\d.]+) s", proc.stderr).group(1))
+    assert seconds < (1.0 if where == "top-level" else 60.0)

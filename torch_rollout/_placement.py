@@ -13,10 +13,7 @@ one module and one :class:`Backend` here.
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
-import pickle
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -27,6 +24,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._envs import EnvRecipe, build_envs, check_picklable
+from torch_rollout._script import import_problem, main_globals, main_problem, unguarded_call
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import acting_copy, check_policy_device
 
@@ -180,19 +178,29 @@ class Processes(Backend):
     def check(self, envs, policy, compile_options) -> None:  # noqa: D102
         instead = "a picklable function make_envs(num_envs) -> VectorEnv (e.g. torch_rollout.gym_envs('CartPole-v1'))"
         _refuse_live_envs(self, envs, "worker process", instead)
-        hint = "define it at module level (not a lambda or a local function) or use backend='thread'"
-        check_picklable("envs", envs, hint)
-        check_picklable("policy", policy, "make it picklable or use backend='thread'")
+        hints = {
+            "envs": "define it at module level (not a lambda or a local function) or use backend='thread'",
+            "policy": "make it picklable or use backend='thread'",
+        }
+        problem = main_problem()
         for name, obj in (("envs", envs), ("policy", policy)):
-            if not importable_in_worker(obj):
+            try:
+                found = main_globals(obj)
+            except Exception as exc:
                 raise TypeError(
-                    f"Collector(backend='process'): {name} is defined in an interactive __main__ (a notebook or "
-                    f"the REPL), which worker processes cannot import; {hint}"
-                )
+                    f"Collector: {name}={obj!r} cannot be pickled for a worker process ({exc}); {hints[name]}"
+                ) from exc
+            problem = problem or import_problem(name, found)
+        if problem is not None:
+            raise TypeError(f"Collector(backend='process'): {problem}")
         if compile_options:  # e.g. a backend function, sent to the workers
             check_picklable(
                 "compile_policy", compile_options, "pass the backend by its name or as a module-level function"
             )
+        # Last: a script that worker processes cannot import at all is named above, not its missing guard.
+        unguarded = unguarded_call()
+        if unguarded is not None:
+            raise RuntimeError(unguarded)
 
     def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
         from torch_rollout._process import ProcessPlacement, check_shared_memory
@@ -283,8 +291,8 @@ def resolve_backend(backend: Any, envs: Any, policy: nn.Module, device: torch.de
     """The :class:`Backend` for the Collector's ``backend`` argument; ``"auto"`` decides here.
 
     ``"auto"`` takes one worker process for a CPU policy when ``envs`` is an env id
-    or a function and both it and the policy can be sent to a worker process, else
-    the thread.
+    or a function and both it and the policy can be sent to a worker process (they
+    pickle, and what they use of ``__main__`` the worker can import), else the thread.
     """
     if isinstance(backend, Backend):
         chosen = backend
@@ -325,19 +333,18 @@ def _refuse_live_envs(backend: Backend, envs: Any, who: str, instead: str) -> No
 
 
 def _can_travel(envs: Any, policy: nn.Module) -> bool:
-    """Whether ``envs`` and ``policy`` can be sent to a worker process (``backend="auto"``)."""
-    try:
-        pickle.dumps(envs)
-        pickle.dumps(policy)
-    except Exception:
+    """Whether ``envs`` and ``policy`` can be sent to a worker process (``backend="auto"``).
+
+    Not when they cannot be pickled, nor when worker processes could not import
+    what they use of ``__main__``, or not start from it at all (see ``_script``).
+    """
+    if main_problem() is not None:
         return False
-    return importable_in_worker(envs) and importable_in_worker(policy)
-
-
-def importable_in_worker(obj: Any) -> bool:
-    """False for objects of a ``__main__`` that has no file (a notebook): workers cannot re-import it."""
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    if isinstance(obj, functools.partial):
-        module = getattr(obj.func, "__module__", module)
-    main = sys.modules.get("__main__")
-    return not (module == "__main__" and getattr(main, "__file__", None) is None)
+    for name, obj in (("envs", envs), ("policy", policy)):
+        try:
+            found = main_globals(obj)
+        except Exception:
+            return False
+        if import_problem(name, found) is not None:
+            return False
+    return True

@@ -106,8 +106,8 @@ class Collector:
         num_steps: steps per env per batch (``T``).
         num_envs: number of envs to build when ``envs`` is an env id or a function.
         backend: where the loop runs: ``"thread"``, ``"process"``, ``"ray"``, ``"auto"``
-            (worker processes for a CPU policy with an env id or a picklable function,
-            else the thread), or :class:`Thread`, :class:`Processes` (``num_workers``),
+            (worker processes for a CPU policy with an env id or a picklable function that
+            they can import, else the thread), or :class:`Thread`, :class:`Processes` (``num_workers``),
             :class:`Ray` (``num_workers``, actor ``options``).
         device: where the policy runs and batches live; ``None``: ``"cuda"`` when
             available, else ``"cpu"``.
