@@ -582,60 +582,77 @@ def test_ctrl_c_in_the_trainer_closes_everything():
 
 # -- the trainer's script, as worker processes import it ---------------------------------------------
 
-# A trainer whose policy class lives in __main__; its backend="auto" collector, then an explicit "process" one.
-CELL = """
-import json, sys, time
+# A trainer whose policy class lives in __main__: its backend="auto" collector, then an explicit "process" one.
+DEFINE = """
+import dataclasses, json, sys, time
 import torch
 from torch_rollout import Collector
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:  # its methods are all made by dataclasses, from code of its own
+    actions: int = 2
+
+
 class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.settings = Settings()
+
     def forward(self, obs):
         return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
-
-
-if __name__ == "__main__":
-    with Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, total_timesteps=8, device="cpu") as auto:
-        result = {"auto": auto.backend, "batches": len(list(auto))}
-    start = time.monotonic()
-    try:
-        Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, device="cpu", backend="process")
-    except TypeError as exc:
-        result.update(error=str(exc), seconds=time.monotonic() - start)
-    print(json.dumps(result))
 """
-# How each way of running the cell names the cause.
+RUN = """
+with Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, total_timesteps=8, device="cpu") as auto:
+    result = {"auto": auto.backend, "batches": len(list(auto)), "error": None}
+start = time.monotonic()
+try:
+    with Collector("CartPole-v1", Policy(), num_envs=2, num_steps=4, device="cpu", backend="process") as explicit:
+        next(explicit)
+except TypeError as exc:
+    result.update(error=str(exc), seconds=time.monotonic() - start)
+print(json.dumps(result))
+"""
+GUARD = 'if __name__ == "__main__":\n'
+# How each way of running the trainer names the cause; None: worker processes can import it.
 UNIMPORTABLE = {
     "stdin": "the trainer's __main__ was read from '<stdin>' (python - or a pipe), not from a file, and worker "
     "processes start by running __main__ again from its file: save the script to a file and run that",
-    "exec": "policy uses class Policy, defined by code exec'd into __main__ (its code comes from '<string>'), not by "
-    "the script '{runner}' that worker processes run again to import __main__; define it in a module that you "
-    "import (e.g. a .py file next to the script), or pass backend='thread'",
-    "command": "policy uses class Policy, defined in an interactive __main__ (a notebook, the REPL or python -c), "
-    "which worker processes cannot import; define it in a module that you import",
+    "exec": "policy uses class Policy of __main__, which the script '{script}' does not define outside 'if __name__ == "
+    "\"__main__\":' (code exec'd into __main__, or a definition under the guard): worker processes run the script "
+    "again to import __main__ and would not find it; define it in a module that you import",
+    "command": "policy uses class Policy of __main__, defined in an interactive __main__ (a notebook, the REPL or "
+    "python -c), which worker processes cannot import; define it in a module that you import",
+    "under-the-guard": "policy uses class Policy of __main__, which the script '{script}' does not define outside",
+    "file": None,
 }
 
 
 @pytest.mark.parametrize("how", list(UNIMPORTABLE))
 def test_a_main_that_worker_processes_cannot_import_gets_the_thread_or_a_clear_error(tmp_path, how):
-    """python - (stdin), code exec'd into the __main__ of a runner script, python -c: "auto" takes the thread, and
-    an explicit backend="process" is refused at once by a TypeError naming the cause (not a worker's death)."""
-    code = textwrap.dedent(CELL)
-    runner = tmp_path / "runner.py"
-    runner.write_text(f'if __name__ == "__main__":\n    exec(compile({code!r}, "<string>", "exec"))\n')
-    command = {
-        "stdin": [sys.executable, "-"],
-        "exec": [sys.executable, str(runner)],
-        "command": [sys.executable, "-c", code],
-    }
-    proc = subprocess.run(
-        command[how], input=code if how == "stdin" else None, capture_output=True, text=True, timeout=120
-    )
+    """python - (stdin), code exec'd into the __main__ of a runner script, python -c, a class defined under the
+    guard: "auto" takes the thread, and backend="process" is refused at once by a TypeError naming the cause (not
+    by a worker's death). A script file that defines them at its top level gets worker processes."""
+    code = textwrap.dedent(DEFINE) + GUARD + textwrap.indent(textwrap.dedent(RUN), "    ")
+    script = tmp_path / "train.py"
+    if how == "exec":
+        script.write_text(f"{GUARD}    exec(compile({code!r}, '<string>', 'exec'))\n")
+    elif how == "under-the-guard":
+        script.write_text(GUARD + textwrap.indent(textwrap.dedent(DEFINE) + textwrap.dedent(RUN), "    "))
+    else:
+        script.write_text(code)
+    command = {"stdin": ["-"], "command": ["-c", code]}.get(how, [str(script)])
+    stdin = code if how == "stdin" else None
+    proc = subprocess.run([sys.executable, *command], input=stdin, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
+    cause = UNIMPORTABLE[how]
+    if cause is None:
+        assert (result["auto"], result["batches"], result["error"]) == ("process", 1, None)
+        return
     assert (result["auto"], result["batches"]) == ("thread", 1)
     assert result["error"].startswith("Collector(backend='process'): ")
-    assert UNIMPORTABLE[how].format(runner=runner) in result["error"]
+    assert cause.format(script=script) in result["error"]
     assert result["seconds"] < 1.0  # before any worker process is started
 
 

@@ -6,15 +6,17 @@ by its name), and then unpickles ``envs`` and ``policy``, which name their
 classes and functions of ``__main__`` by module and name. So worker processes
 cannot start where ``__main__`` was read from stdin (its ``__file__`` is
 ``"<stdin>"``), cannot find what a notebook, the REPL or ``python -c``
-defined (no file), nor what code ``exec``'d into ``__main__`` defined (the
-file they run does not define it), and they create a collector of their own
-where the script creates one outside ``if __name__ == "__main__":``.
+defined (no file), nor what the script defines only under
+``if __name__ == "__main__":`` or by code ``exec``'d into ``__main__`` (the
+file they run does not define it at its top level), and they create a
+collector of their own where the script creates one outside the guard.
 These checks run in the trainer, before any worker is started.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pickle
 import sys
@@ -74,34 +76,66 @@ def import_problem(name: str, found: list[type | types.FunctionType]) -> str | N
     path = getattr(main, "__file__", None)
     fix = "define it in a module that you import (e.g. a .py file next to the script), or pass backend='thread'"
     for obj in found:
-        what = f"{name} uses {'class' if isinstance(obj, type) else 'function'} {obj.__qualname__}"
+        what = f"{name} uses {'class' if isinstance(obj, type) else 'function'} {obj.__qualname__} of __main__"
         if path is None:
             return (
                 f"{what}, defined in an interactive __main__ (a notebook, the REPL or python -c), which worker "
                 f"processes cannot import; {fix}"
             )
-        files = _code_files(obj)
-        if files and os.path.realpath(path) not in {os.path.realpath(file) for file in files}:
+        bound = _bound_in_worker(path)
+        if bound is not None and obj.__qualname__.split(".")[0] not in bound:
             return (
-                f"{what}, defined by code exec'd into __main__ (its code comes from {sorted(files)[0]!r}), not by "
-                f"the script {path!r} that worker processes run again to import __main__; {fix}"
+                f"{what}, which the script {path!r} does not define outside {_GUARD} (code exec'd into __main__, or "
+                f"a definition under the guard): worker processes run the script again to import __main__ and would "
+                f"not find it; {fix}"
             )
     return None
 
 
-def _code_files(obj: type | types.FunctionType) -> set[str]:
-    """The files that the code of a function, or of a class's methods, was compiled from."""
-    if isinstance(obj, types.FunctionType):
-        return {obj.__code__.co_filename}
-    files = set()
-    for value in vars(obj).values():
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        elif isinstance(value, property):
-            value = value.fget
-        if isinstance(value, types.FunctionType):
-            files.add(value.__code__.co_filename)
-    return files
+def _bound_in_worker(path: str) -> set[str] | None:
+    """The names that running the script ``path`` as ``__mp_main__`` binds at its top level; None if unreadable."""
+    try:
+        stat = os.stat(path)
+        return _bound_names(path, stat.st_mtime_ns, stat.st_size)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _bound_names(path: str, mtime_ns: int, size: int) -> set[str]:
+    """Names bound at the top level of the script: defs, classes, imports and assignments, not under the guard."""
+    with tokenize.open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                # Decorators and default values run at import: a walrus in them binds too (rare; not followed).
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.If) and _mentions_name(node.test):
+                continue  # the guard (either way round): what it holds is not run in both processes
+            else:
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.stmt):
+                        visit([child])
+                    elif isinstance(child, ast.excepthandler | ast.match_case):
+                        visit(child.body)
+                    else:
+                        names.update(n.id for n in ast.walk(child) if isinstance(n, ast.Name) and _stores(n))
+
+    visit(tree.body)
+    return names
+
+
+def _mentions_name(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
+
+
+def _stores(node: ast.Name) -> bool:
+    return isinstance(node.ctx, ast.Store)
 
 
 def unguarded_call() -> str | None:
