@@ -105,6 +105,11 @@ class ProcessPlacement(RemotePlacement):
         seed: env ``j`` is seeded ``seed + j``.
         startup_timeout: seconds to wait for the workers to build and reset their envs.
 
+    Before any batch it checks that the workers' slots fit in /dev/shm (at
+    least their observations, actions and the loop's own keys), and refuses
+    them with the numbers and the fixes where they do not; ``close()`` frees
+    every segment (the delivered batches are copies).
+
     Unlike the thread's, its calls talk to the workers one call at a time
     (pipes, locks), so they hold Ctrl-C back while they do: what an
     interrupted ``next()`` received stays for the next one.
@@ -415,9 +420,10 @@ def _shared_slots(first: TensorDict, num_slots: int, index: int) -> list[TensorD
         first.share_memory_()
         return [first] + [first.clone().share_memory_() for _ in range(num_slots - 1)]
     except RuntimeError as exc:
-        if "unable to allocate shared memory" not in str(exc):
+        room = _shm_room()
+        if room is None or "unable to allocate shared memory" not in str(exc):
             raise
-        free, size = _shm_room() or (0, 0)
+        free, size = room
         what = (
             f"worker process {index}'s {num_slots} batch slots of {first.bytes():,} bytes each (every key of the "
             "batch, the policy's outputs included)"
