@@ -375,6 +375,29 @@ WORKER_PLACEMENTS_NAMED = [
 ]
 
 
+def uniform_draws(n: int) -> dict:
+    """A value drawn from torch's generator per env: what a sampling policy's noise looks like."""
+    return {"action": torch.zeros(n, dtype=torch.long), "value": torch.rand(n)}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", [PLACEMENTS[2], PLACEMENTS[3]])  # two workers, processes and Ray
+def test_each_worker_samples_from_its_own_stream_fixed_by_the_trainers_seed(placement):
+    """Workers forked from one server would draw the same numbers; each gets a seed from torch.manual_seed."""
+    if on_ray(placement):
+        local_ray()
+
+    def draws() -> torch.Tensor:
+        torch.manual_seed(7)
+        options = dict(num_envs=2, num_steps=5, total_timesteps=20, timeout=TIMEOUT, prefetch=0, **placement)
+        with Collector(FAULTY, ConstantPolicy(uniform_draws), **options) as collector:
+            return torch.cat([batch["value"] for batch in collector])
+
+    first, second = draws(), draws()
+    assert not torch.equal(first[:, 0], first[:, 1])  # env 0 is worker 0's, env 1 worker 1's
+    assert torch.equal(first, second)  # the trainer's torch.manual_seed fixes both streams
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("placement, named", WORKER_PLACEMENTS_NAMED)
 def test_env_error_in_a_worker_reaches_next_with_its_traceback(placement, named):

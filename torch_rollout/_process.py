@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import PolicyCall, Stopped
-from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop
+from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
 
@@ -156,6 +156,7 @@ class ProcessPlacement(RemotePlacement):
                         device,
                         None if seed is None else seed + start,
                         prefetch + 1,
+                        worker_rng_seed(index),
                     ),
                 )
                 process.start()
@@ -351,10 +352,12 @@ def _worker_main(
     device: torch.device,
     seed: int | None,
     num_slots: int,
+    rng_seed: int,
 ) -> None:
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # K workers and the trainer share the cores; a team per process would spin
+    torch.manual_seed(rng_seed)  # a sampling stream of its own (the forkserver's is every worker's)
     if "fork" in multiprocessing.get_all_start_methods():
         # This process came from the forkserver, whose start method it inherits: every process that a vector env
         # of processes (AsyncVectorEnv) starts would then import the trainer's main module again (seconds each,

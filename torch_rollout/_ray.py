@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import PolicyCall, Stopped
-from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop
+from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
 
@@ -177,7 +177,7 @@ class RayPlacement(RemotePlacement):
         seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.seed_step
         self.actors[k] = actor = self._actor_class.remote()
         self._sent[k] = 0
-        return actor.setup.remote(k, self._payload, count, start, seed)
+        return actor.setup.remote(k, self._payload, count, start, seed, worker_rng_seed(k, self.restarts[k]))
 
     @property
     def extra_starts(self) -> int:
@@ -399,7 +399,9 @@ class _RayWorker:
         self.envs = None
         self.out: TensorDict | None = None
 
-    def setup(self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None) -> tuple:
+    def setup(
+        self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None, rng_seed: int
+    ) -> tuple:
         import ray
 
         recipe, policy, spec = payload
@@ -415,6 +417,7 @@ class _RayWorker:
         try:
             # One thread per CPU Ray gave the actor (1 by default): K actors share a node's cores.
             torch.set_num_threads(max(1, int(context.get_assigned_resources().get("CPU", 1))))
+            torch.manual_seed(rng_seed)  # a sampling stream of its own, fixed by the trainer's torch.manual_seed
             device = torch.device("cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
             self.runner = policy.to(device)
             self.flat = flatten_weights_(self.runner, device)

@@ -30,7 +30,7 @@ from torch_rollout._envs import RemoteTraceback, split_envs
 from torch_rollout._loop import Forward, RolloutLoop
 from torch_rollout._spec import LoopSpec
 
-__all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop"]
+__all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
 
 
 class RemotePlacement:
@@ -201,6 +201,19 @@ def worker_loop(
     )
     loop.reset()
     return loop
+
+
+def worker_rng_seed(k: int, restart: int = 0) -> int:
+    """The seed of worker ``k``'s torch generator (its action sampling), in its ``restart``-th actor.
+
+    Distinct per worker and restart, and fixed by the trainer's ``torch.manual_seed``: without it every
+    worker process, forked from one server, would sample from the same stream. A splitmix64 mix of the
+    trainer's ``torch.initial_seed()``, the worker's index and the restart.
+    """
+    z = (torch.initial_seed() + 0x9E3779B97F4A7C15 * (k + 1) + 0xD1B54A32D192ED03 * restart) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) % 2**63
 
 
 def error_message(exc: BaseException, dumps: Callable[[Any], Any]) -> tuple[str, BaseException, str]:
