@@ -136,7 +136,7 @@ class Thread(Backend):
     def copy_reason(self, prefetch: int) -> tuple[str, str]:
         return f"prefetch={prefetch}", "prefetch=0"
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
         from torch_rollout._thread import ThreadPlacement
 
         owns_envs = not isinstance(envs, VectorEnv)
@@ -175,7 +175,7 @@ class Processes(Backend):
     def __post_init__(self) -> None:
         _check_workers(self)
 
-    def check(self, envs, policy, compile_options) -> None:  # noqa: D102
+    def check(self, envs, policy, compile_options) -> None:
         instead = "a picklable function make_envs(num_envs) -> VectorEnv (e.g. torch_rollout.gym_envs('CartPole-v1'))"
         _refuse_live_envs(self, envs, "worker process", instead)
         hints = {
@@ -202,7 +202,7 @@ class Processes(Backend):
         if unguarded is not None:
             raise RuntimeError(unguarded)
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
         from torch_rollout._process import ProcessPlacement, check_shared_memory
 
         why, fix = self.copy_reason(prefetch)
@@ -257,7 +257,7 @@ class Ray(Backend):
                 f"Ray: options['max_restarts'] must be an int >= 0 (restarts per worker), got {restarts!r}"
             )
 
-    def check(self, envs, policy, compile_options) -> None:  # noqa: D102
+    def check(self, envs, policy, compile_options) -> None:
         from torch_rollout._ray import check_ray_picklable
 
         _refuse_live_envs(self, envs, "Ray worker", "a function make_envs(num_envs) -> VectorEnv")
@@ -266,7 +266,7 @@ class Ray(Backend):
         if compile_options:
             check_ray_picklable("compile_policy", compile_options)
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:  # noqa: D102
+    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
         from torch_rollout._ray import RayPlacement
 
         why, fix = self.copy_reason(prefetch)
