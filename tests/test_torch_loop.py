@@ -12,6 +12,7 @@ import functools
 import re
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -362,4 +363,29 @@ def test_compiled_acting_gives_the_eager_batches(mode):
     """compile_policy on this path: the forward and the batch end's bootstrap calls (padded to num_envs) compile."""
     expected = collect(make_cartpole(N, mode), LinearPolicy(), backend="thread")
     got = collect(make_cartpole(N, mode), LinearPolicy(), backend="thread", compile_policy={"backend": "aot_eager"})
+    assert_same_batches(got, expected)
+
+
+class Float64Obs(VectorWrapper):
+    """Observations as float64 tensors, of a float64 Box: stored, and given to the policy, as float32."""
+
+    def __init__(self, envs: VectorEnv) -> None:
+        super().__init__(envs)
+        space = envs.single_observation_space
+        self.single_observation_space = gym.spaces.Box(space.low, space.high, space.shape, np.float64)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, envs.num_envs)
+
+    def reset(self, **kwargs: Any) -> tuple:
+        obs, infos = self.env.reset(**kwargs)
+        return obs.double(), infos
+
+    def step(self, actions: Any) -> tuple:
+        obs, *rest = self.env.step(actions)
+        return (obs.double(), *rest)
+
+
+def test_float64_observations_reach_the_policy_as_stored_float32():
+    expected = collect(make_cartpole(N), LinearPolicy(), backend="thread")
+    got = collect(Float64Obs(make_cartpole(N)), LinearPolicy(), backend="thread")  # float32 weights
+    assert got[0]["obs"].dtype == torch.float32
     assert_same_batches(got, expected)

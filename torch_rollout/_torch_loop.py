@@ -96,7 +96,7 @@ class TorchRolloutLoop(RolloutLoop):
             self.is_init = torch.ones(N, dtype=torch.bool, device=self.device)
 
     def _check_obs(self, obs: Any, call: str) -> Tensor | TensorDictBase:
-        """The env's observations as a tensor (a TensorDict for Dict spaces), checked by shape and dtype only."""
+        """The env's observations as a tensor (a TensorDict for Dict spaces), checked by type and shape (no values)."""
         space = self.obs_space
         if isinstance(space, spaces.Dict):
             if not isinstance(obs, Mapping):
@@ -200,9 +200,11 @@ class TorchRolloutLoop(RolloutLoop):
         for t in range(T):
             if self.stop():
                 raise Stopped
-            obs = self.obs
-            _write_row(obs_rows, obs_store, t, obs)
-            obs_in = obs.to(self.device, non_blocking=True)
+            _write_row(obs_rows, obs_store, t, self.obs)
+            # The policy sees the stored row, in its storage dtype (float64 as float32), as on the NumPy path.
+            obs_in = obs_store[t] if obs_rows is None else obs_rows[t]
+            if store != self.device:
+                obs_in = obs_in.to(self.device, non_blocking=True)
             if self.initial_state is None:
                 raw, version = self._forward(PolicyCall(obs_in))
             else:
@@ -322,7 +324,8 @@ class TorchRolloutLoop(RolloutLoop):
         final_states: TensorDictBase | None,
     ) -> None:
         # The last row bootstraps from the observation the next batch starts with.
-        last_obs = self.obs.to(self.device, non_blocking=True)
+        last_obs = empty_obs(self.obs_space, (self.num_envs,), device=self.device)  # in the storage dtype
+        last_obs.copy_(self.obs, non_blocking=True)
         if self.initial_state is None:
             call = PolicyCall(last_obs, value_only=True)
         else:  # the state the next batch starts with; it is not advanced
