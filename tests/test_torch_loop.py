@@ -23,7 +23,7 @@ from torch import nn
 from torch_rollout import BatchKeys, Collector
 from torch_rollout.envs import CartPole, FromRslRl, Pendulum
 
-from placements import LOCAL_PLACEMENTS
+from placements import PLACEMENTS, local_ray, on_ray
 
 T, N = 7, 6  # T is prime to the time limit below: episode ends fall on batch boundaries too
 MAX_STEPS = 9
@@ -171,9 +171,12 @@ def test_recurrent_state_and_box_actions_match_the_numpy_path(mode):
     assert (torch.cat([b["action"] for b in got]).abs() > 2).any()  # beyond the bounds: clipped for the env only
 
 
-@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS[1:])  # worker processes
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS[1:])  # worker processes, Ray actors
 def test_a_torch_env_recipe_runs_in_worker_processes_with_the_threads_batches(placement):
     """Env j is reset with seed + j and keeps its own episode stream wherever it steps."""
+    if on_ray(placement):
+        local_ray()
     recipe = functools.partial(make_cartpole, mode=AutoresetMode.SAME_STEP)
     keys = BatchKeys(next_obs=True)
     expected = collect(recipe(N), LinearPolicy(), backend="thread", prefetch=1, keys=keys)
