@@ -392,3 +392,22 @@ def test_float64_observations_reach_the_policy_as_stored_float32():
     got = collect(Float64Obs(make_cartpole(N)), LinearPolicy(), backend="thread")  # float32 weights
     assert got[0]["obs"].dtype == torch.float32
     assert_same_batches(got, expected)
+
+
+def test_gymnasiums_numpy_to_torch_wrapper_gives_the_numpy_batches():
+    """A NumPy vector env seen through gymnasium's NumpyToTorch is collected as torch tensors, row for row the same.
+
+    NEXT_STEP only: in SAME_STEP mode gymnasium's wrapper itself fails on the object array of final
+    observations, and in DISABLED mode SyncVectorEnv refuses the all-False reset_mask of a step where no env
+    ended, which the collector sends rather than read the mask back from the device.
+    """
+    pytest.importorskip("array_api_compat")  # what gymnasium's array conversions need
+    from gymnasium.wrappers.vector import NumpyToTorch
+
+    def numpy_envs() -> VectorEnv:
+        return gym.make_vec("CartPole-v1", N, vectorization_mode="sync")
+
+    expected = collect(numpy_envs(), LinearPolicy(), backend="thread")
+    got = collect(NumpyToTorch(numpy_envs(), device="cpu"), LinearPolicy(), backend="thread")
+    assert_same_batches(got, expected, keys=(*KEYS, "policy_version"))
+    assert torch.cat(got)["done"].any()
