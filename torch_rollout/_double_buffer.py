@@ -21,7 +21,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
     """Groups of vector envs that step asynchronously, presented as one vector env the collector double-buffers.
 
     The collector drives it as it drives an EnvPool in async mode
-    (``AsyncRolloutLoop``): ``recv()`` waits for the group that was sent
+    (its send/recv driver, ``SendRecvEnvs``): ``recv()`` waits for the group that was sent
     first, the policy acts on that group's observations, and ``send()`` starts
     the group's next step, so that each group steps in its worker processes
     while the policy works on the other group. Env ``g * B + i`` is env ``i``
@@ -43,7 +43,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
             spaces or autoreset mode.
     """
 
-    is_async = True  # stepped with send/recv by the collector (see torch_rollout._async_loop.is_async_pool)
+    is_async = True  # stepped with send/recv by the collector (see torch_rollout._numpy_envs.is_async_pool)
     autoreset_mode = AutoresetMode.NEXT_STEP  # as gymnasium's own vector envs say it, besides metadata
 
     def __init__(self, groups: Sequence[VectorEnv], *, env_offset: int = 0) -> None:

@@ -1,11 +1,12 @@
-"""Which loop drives which kind of vector env: one driver per env kind, chosen once when a placement builds its loop.
+"""Which driver steps which kind of vector env, chosen once when a placement builds its loop.
 
-- :class:`~torch_rollout._loop.RolloutLoop`: gymnasium vector envs of NumPy arrays, in every autoreset mode;
-- :class:`~torch_rollout._async_loop.AsyncRolloutLoop`: envs stepped with ``send``/``recv`` (EnvPool in async
+- :class:`~torch_rollout._numpy_envs.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
   mode, :class:`~torch_rollout.DoubleBufferedVectorEnv`);
-- :class:`~torch_rollout._torch_loop.TorchRolloutLoop`: vector envs of torch tensors, on their device.
+- :class:`~torch_rollout._torch_envs.TorchEnvs`: vector envs of torch tensors, on their device;
+- :class:`~torch_rollout._numpy_envs.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode.
 
-Each writes the same batches (keys, rows, masks, bootstrap values) for the same transitions.
+The one loop (:class:`~torch_rollout._loop.RolloutLoop`) runs each of them, and
+writes the same batches (keys, rows, masks, bootstrap values) for the same transitions.
 """
 
 from __future__ import annotations
@@ -14,22 +15,32 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
-from torch_rollout._async_loop import AsyncRolloutLoop, is_async_pool
+from torch_rollout._env_seam import EnvDriver
 from torch_rollout._envpool import check_envpool
 from torch_rollout._loop import Forward, RolloutLoop
+from torch_rollout._numpy_envs import NumpyEnvs, SendRecvEnvs, is_async_pool
 from torch_rollout._spec import LoopSpec
-from torch_rollout._torch_loop import TorchRolloutLoop, presents_torch
+from torch_rollout._torch_envs import TorchEnvs, presents_torch
 
 __all__ = ["make_loop"]
 
 
 def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, **placement: Any) -> RolloutLoop:
-    """The loop for ``envs``' kind, built with the placement's arguments (``device``, ``seed``, ``stop``, ...)."""
+    """The loop over ``envs``' driver, built with the placement's arguments (``device``, ``seed``, ``stop``, ...)."""
     check_envpool(envs, placement.get("seed"))  # a pool of the user's own given a seed (it would ignore it)
     if is_async_pool(envs):
-        driver: type[RolloutLoop] = AsyncRolloutLoop
+        kind: type[Any] = SendRecvEnvs
     elif presents_torch(envs):
-        driver = TorchRolloutLoop
+        kind = TorchEnvs
     else:
-        driver = RolloutLoop
-    return driver(envs, forward, spec, **placement)
+        kind = NumpyEnvs
+    loop: RolloutLoop | None = None
+
+    def non_finite(name: str, env: int, value: Any, call: str) -> None:
+        loop._non_finite(name, env, value, call)
+
+    driver: EnvDriver = kind(
+        envs, check_finite=spec.check_finite, non_finite=non_finite, env_offset=placement.get("env_offset", 0)
+    )
+    loop = RolloutLoop(driver, forward, spec, **placement)
+    return loop

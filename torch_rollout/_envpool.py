@@ -212,7 +212,7 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
     A pool built by the user (``envpool.make_gymnasium``, live or from a
     ``make_envs`` function) has its seeds fixed: ``reset(seed=...)`` would be
     ignored, so a collector ``seed`` is refused with the fix. A pool in async
-    mode (``batch_size < num_envs``) is driven by ``AsyncRolloutLoop``. Does
+    mode (``batch_size < num_envs``) is driven by the send/recv driver (``SendRecvEnvs``). Does
     nothing for other vector envs (and never imports EnvPool).
     """
     if "envpool" not in sys.modules:

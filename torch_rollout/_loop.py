@@ -1,54 +1,34 @@
-"""The one collection loop: steps a vector env, runs the policy, and writes ``[T, n]`` rows.
+"""The one collection loop: acts on the envs' observations, steps them through their driver, writes ``[T, n]`` rows.
 
-Every placement (the background thread, worker processes) runs this loop; a
-placement only decides where it runs, how the policy's weights reach it and how
-its batches travel. GAE is not computed here: the consumer runs it on its device
-from the ``value`` and ``next_value`` rows (see :func:`add_advantages`).
+Every placement (the background thread, worker processes, Ray actors) runs this
+loop; a placement only decides where it runs, how the policy's weights reach it
+and how its batches travel. The loop knows no kind of env: it talks to one
+through a driver (:mod:`torch_rollout._env_seam`), which turns what the env
+returns into step records, and it writes them into rows of the records' kind
+(:mod:`torch_rollout._rows`). GAE is not computed here: the consumer runs it on
+its device from the ``value`` and ``next_value`` rows (see :func:`add_advantages`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
-from torch_rollout._envs import autoreset_mode as env_autoreset_mode
-from torch_rollout._infos import InfoRecorder
-from torch_rollout._spaces import (
-    ActionConverter,
-    Obs,
-    ObsBuffer,
-    ObsChecker,
-    check_action_space,
-    check_obs_space,
-    first_non_finite,
-    obs_to_tensor,
-    select_obs,
-    space_nbytes,
-    stack_final_obs,
-)
+from torch_rollout._env_seam import EnvDriver, StepRecord
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, empty_rows, select
+from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
 from torch_rollout._spec import LoopSpec
 from torch_rollout.gae import GAE, compute_gae
 
 __all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy", "empty_rows"]
-
-# Rows the loop fills from NumPy on the host, with their dtypes.
-_HOST_KEYS = {
-    "reward": np.float32,
-    "terminated": np.bool_,
-    "truncated": np.bool_,
-    "mask": np.bool_,
-    "episode_return": np.float32,
-    "episode_length": np.int64,
-    "policy_version": np.int64,
-}
 
 
 @dataclass
@@ -126,19 +106,38 @@ class Stopped(Exception):
 
 
 class RolloutLoop:
-    """Collects ``[num_steps, num_envs]`` batches of one vector env with one policy.
+    """Collects ``[num_steps, num_envs]`` batches of one vector env with one policy, through the env's driver.
 
     A batch is a TensorDict on ``storage_device`` with ``obs`` (named
     ``obs_key``), every policy output, ``reward``, ``terminated``,
     ``truncated``, ``mask``, ``episode_return``, ``episode_length``,
     ``policy_version``, ``info`` with ``info_keys``, ``"next_" + obs_key``
-    with ``next_obs_key`` (see :meth:`_write_next_obs`) and, when the policy
-    returns ``"value"`` (or TorchRL's ``"state_value"``), ``next_value``.
-    ``collect(out)`` writes into ``out`` (a batch of an earlier call, e.g. a
-    shared-memory slot) or into new tensors when ``out`` is None.
+    with ``next_obs_key`` and, when the policy returns ``"value"`` (or
+    TorchRL's ``"state_value"``), ``next_value``. ``collect(out)`` writes into
+    ``out`` (a batch of an earlier call, e.g. a shared-memory slot) or into new
+    tensors when ``out`` is None.
+
+    Each env fills its own rows, in order: row ``t`` of env ``j`` holds its
+    observation, the policy's outputs on it (and the ``policy_version`` that
+    produced them), and the results of the step those outputs took. Drivers
+    that step every env at once fill a row at a time; a send/recv pool's
+    ``recv()`` returns the envs that are ready, which fill their rows at their
+    own pace, and every env that comes back is acted on at once: the forward
+    on an env's observation after its row ``T - 1`` is its row 0 of the next
+    batch, carried over (envs much faster than others can run batches ahead;
+    their rows wait in later batches' storage). The batch is complete when
+    every env has its ``T`` rows.
+
+    Bootstrap values: ``next_value`` of a row is the value of the observation
+    its step returned. That is the next row's ``value``; for the last row, the
+    value of the observation the next batch starts with (a row acted ahead, or
+    a value call); for an episode that ended with a final observation apart
+    from the next one (SAME_STEP, DISABLED), a value call on it, made at the
+    batch's end with the weights acting then, in calls of at most ``num_envs``
+    rows, with a recurrent policy's state after the episode's last step.
 
     Args:
-        envs: the vector env; the loop resets it with ``seed`` and then owns its stepping.
+        driver: the envs' driver; the loop resets the envs with ``seed`` and then owns their stepping.
         forward: the placement's policy call (it holds the weights lock and knows the version).
         spec: the collector's settings, the same for every loop (rows per batch, obs key, finite
             checks, info keys, a recurrent policy's initial state of all the collector's envs:
@@ -153,7 +152,7 @@ class RolloutLoop:
 
     def __init__(
         self,
-        envs: VectorEnv,
+        driver: EnvDriver,
         forward: Forward,
         spec: LoopSpec,
         *,
@@ -163,50 +162,44 @@ class RolloutLoop:
         stop: Callable[[], bool] = lambda: False,
         env_offset: int = 0,
     ) -> None:
-        self.envs = envs
+        self.driver = driver
+        self.envs = driver.envs
         self.forward = forward
         self.num_steps = spec.num_steps
-        self.num_envs = envs.num_envs
+        self.num_envs = driver.num_envs
         self.device = device
         self.storage_device = device if storage_device is None else storage_device
         self.seed = seed
-        self.autoreset_mode = autoreset_mode = env_autoreset_mode(envs)
+        self.autoreset_mode = driver.autoreset_mode
         self.check_finite = spec.check_finite
         self.stop = stop
         self.env_offset = env_offset
         self.obs_key = spec.obs_key
         self.next_obs_key = spec.next_obs_key
-        # (t, envs, their final observations) of this batch's episode ends, with next_obs_key (SAME_STEP, DISABLED).
-        self.final_obs: list[tuple[int, np.ndarray, Any]] = []
-        self.infos = (
-            None
-            if spec.info_keys is None
-            else InfoRecorder(
-                spec.info_keys, num_envs=self.step_width(envs), autoreset_mode=autoreset_mode, env_offset=env_offset
-            )
-        )
-        self.obs_space = envs.single_observation_space
-        check_obs_space(self.obs_space)
-        check_action_space(envs.single_action_space)
-        self.to_env_action = ActionConverter(envs.single_action_space, self.step_width(envs), env_offset=env_offset)
-        self.check_obs = ObsChecker(self.obs_space, self.step_width(envs))
+        self.obs_space = self.envs.single_observation_space
+        self.infos = None if spec.info_keys is None else driver.info_recorder(spec.info_keys, env_offset)
+        self.on_device = driver.on_device  # records of torch tensors: rows written with tensor ops
         self.reset_pending = False
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
-        self.call = "envs.reset()"  # the env or policy call the loop is in or made last, for a stuck thread
+        self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
+        self.in_policy = False
         self.has_value: bool | None = None
         self.value_key = "value"  # or TorchRL's "state_value", when the policy returns that instead
         self.output_keys: list[str] | None = None
-        # Batches on the host are written from NumPy and observations go to the policy from
-        # there; batches on CUDA get observations through a page-locked staging row.
-        self.on_host = self.storage_device.type == "cpu"
-        self.host_keys = _HOST_KEYS
+        self.loop_keys = LOOP_KEYS
         self.initial_state = None
         initial_state = spec.initial_state
         if initial_state is not None:
-            self.host_keys = {**_HOST_KEYS, "is_init": np.bool_}
+            self.loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
             rows = initial_state[env_offset : env_offset + self.num_envs]
             self.initial_state = rows.to(device).clone()
             self.state_keys = list(rows.keys(include_nested=True, leaves_only=True))
+        driver.check_seed(seed)
+
+    @property
+    def call(self) -> str:
+        """The env or policy call the loop is in or made last, for a stuck thread's report."""
+        return "the policy's forward()" if self.in_policy else self.driver.call
 
     def min_row_bytes(self) -> int:
         """Bytes that one row of a batch (one env, one step) takes at least, before the policy has run.
@@ -218,280 +211,276 @@ class RolloutLoop:
         state = 0
         if self.initial_state is not None:
             state = sum(t[0].nbytes for _, t in self.initial_state.items(include_nested=True, leaves_only=True))
-        own = sum(np.dtype(dtype).itemsize for dtype in self.host_keys.values())
+        own = sum(np.dtype(dtype).itemsize for dtype in self.loop_keys.values())
         obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
         return obs + space_nbytes(self.envs.single_action_space) + own + state
 
-    @staticmethod
-    def step_width(envs: VectorEnv) -> int:
-        """Envs that one step returns: all of them."""
-        return envs.num_envs
-
     def reseed(self, seed: int | None) -> None:
         """Resets the envs with ``seed`` before the next batch (a resumed collector's part of the seed stream)."""
+        self.driver.check_seed(seed)
         self.seed = seed
         self.reset_pending = True  # set last: a reset already running reads the seed, this one runs again
 
     def reset(self) -> None:
         N = self.num_envs
-        self.call = "envs.reset()"
-        obs, self.reset_infos = self.envs.reset(seed=self.seed)
-        if isinstance(obs, Tensor) or (isinstance(obs, Mapping) and any(isinstance(v, Tensor) for v in obs.values())):
-            raise TypeError(
-                f"Collector: envs.reset() returned torch tensors, but {type(self.envs).__name__} does not say that "
-                "it presents torch tensors: give it (or a wrapper of it) the attribute `device`, the torch.device "
-                "of its tensors, as torch_rollout.envs, gymnasium's NumpyToTorch and ManiSkill3's ManiSkillVectorEnv "
-                "have; the collector then keeps its tensors on that device"
-            )
-        self.check_obs(obs, "envs.reset()")
-        if self.check_finite:
-            self._check_finite(obs, None, "envs.reset()")
-        self.obs = obs
-        self.prev_done = np.zeros(N, dtype=bool)  # NEXT_STEP: the next step of these envs is a reset
-        self.ep_return = np.zeros(N, dtype=np.float32)
-        self.ep_length = np.zeros(N, dtype=np.int64)
+        self.row = None
+        self.waiting: StepRecord | None = self.driver.reset(self.seed)  # observations to act on
+        self.buffers: deque[HostRows | DeviceRows] = deque()  # this batch's rows, then rows acted ahead
+        self.first_row = 0  # an env's row index of row 0 of buffers[0]
+        self.step = 0  # rows acted on since the reset, when every env steps at once
+        self.acted = np.zeros(N, dtype=np.int64)  # rows each env has acted on since the reset, otherwise
         if self.initial_state is not None:
-            self.state = self.initial_state.clone()  # the state that goes into the next step
-            self.is_init = np.ones(N, dtype=bool)  # the next step starts an episode
-        # Reused each step: reading the action back synchronizes with the upload.
-        self.staging = None if self.on_host else ObsBuffer(self.obs_space, (N,), pin_memory=True)
+            self.state = self.initial_state.clone()  # the state that goes into each env's next row
+            self.carried = self.initial_state.clone()  # the state after each env's last row (before a reset)
+            if self.on_device:
+                self.is_init = torch.ones(N, dtype=torch.bool, device=self.device)
+            else:
+                self.is_init = np.ones(N, dtype=bool)  # the next row starts an episode
+        # Reused each step by host rows stored on CUDA: reading the action back synchronizes with the upload.
+        cuda_host = not self.on_device and self.storage_device.type != "cpu"
+        self.staging = ObsBuffer(self.obs_space, (N,), pin_memory=True) if cuda_host else None
 
     # -- one batch -----------------------------------------------------------------------------
 
     def collect(self, out: TensorDict | None = None) -> TensorDict:
+        """Steps the envs until every env has its ``T`` rows of the oldest batch; returns that batch.
+
+        ``out``: a batch of an earlier call to write this one into (a shared-memory slot).
+        """
         T, N = self.num_steps, self.num_envs
-        envs = self.envs
         if self.reset_pending:
             self.reset_pending = False
             self.reset()
-        if out is None:
-            obs_buffer = ObsBuffer(self.obs_space, (T, N), device=self.storage_device)
-            host = {key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()}
-            outputs: dict[str, Tensor] | None = None
-            states = None
-        else:
-            obs_buffer = ObsBuffer.wrap(self.obs_space, out[self.obs_key])
-            host = (
-                {key: out[key].numpy() for key in self.host_keys}
-                if self.on_host
-                else {key: np.empty((T, N), dtype=dtype) for key, dtype in self.host_keys.items()}
-            )
-            outputs = {key: out[key] for key in self.output_keys}
-            states = None if self.initial_state is None else out.select(*self.state_keys)
-        info_rows = None
-        if self.infos is not None and out is not None:
-            info_rows = self.infos.views(out["info"]) if self.on_host else self.infos.empty_rows(T)
-        reward, terminated, truncated = host["reward"], host["terminated"], host["truncated"]
-        mask, ep_return, ep_length, versions = (
-            host["mask"],
-            host["episode_return"],
-            host["episode_length"],
-            host["policy_version"],
-        )
-        mask.fill(True)
-        final_values: list[tuple[int, np.ndarray, Tensor]] = []  # (t, envs, V(final obs))
-        self.final_obs = []
         self.batches += 1
-        # The rows of each [T, ...] tensor as views made once per batch: indexing a tensor costs more
-        # than the copy of a row (the loop's own work per step is what limits it on fast envs).
-        obs_rows = _rows(obs_buffer.tensor)
-        output_rows = None if outputs is None else {key: _rows(value) for key, value in outputs.items()}
-
-        for t in range(T):
+        if not self.buffers:
+            # Rows filled a row at a time are written into out itself; rows acted ahead need their own.
+            self.buffers.append(self._new_rows(None if self.driver.acts_at_once else out))
+        head = self.buffers[0]
+        while head.filled < T * N:
             if self.stop():
                 raise Stopped
-            obs_t = self._obs_to_device(obs_buffer, obs_rows, t)
-            if self.initial_state is None:
-                raw, version = self._forward(PolicyCall(obs_t))
-            else:
-                if states is None:
-                    states = empty_rows(self.state, T, self.storage_device)
-                states[t] = self.state
-                host["is_init"][t] = self.is_init
-                raw, version = self._forward(PolicyCall(obs_t, self.state, self._is_init_tensor(self.is_init)))
-                raw, next_state = self._split_state(raw, N)
-            out_t = self._check_outputs(raw, N)
-            if outputs is None:
-                outputs = {key: empty_rows(value, T, self.storage_device) for key, value in out_t.items()}
-                output_rows = {key: _rows(value) for key, value in outputs.items()}
-            for key, value in out_t.items():
-                rows = output_rows[key]
-                if rows is None:
-                    outputs[key][t] = value
-                else:
-                    rows[t].copy_(value)
-            versions[t] = version
-
-            if self.check_finite:
-                self._check_finite_action(out_t["action"], t)
-            action = self.to_env_action(out_t["action"])
-            self.call = "envs.step()"
-            next_obs, r, term, trunc, info = envs.step(action)
-            self.check_obs(next_obs, "envs.step()")
-            if self.check_finite:
-                self._check_finite(next_obs, r, "envs.step()", t)
-            done = term | trunc
-            reward[t], terminated[t], truncated[t] = r, term, trunc
-
-            real = None
-            if self.autoreset_mode == AutoresetMode.NEXT_STEP:
-                # This step reset the envs that ended last step: not a real transition.
-                mask[t] = real = ~self.prev_done
-                self.prev_done = done
-                self.ep_length += real
-                starts = ~real  # an env's step after its reset step starts its episode
-            else:
-                self.ep_length += 1
-                starts = done
-            if self.infos is not None:
-                if info_rows is None:
-                    if self.infos.structures is None:
-                        self.infos.learn(self.reset_infos, info)
-                    info_rows = self.infos.empty_rows(T)
-                self.infos.record(info_rows, t, info, done, real)
-            if self.initial_state is not None:
-                # The final observations of envs that ended are valued with this state, before any reset.
-                self.next_state = next_state
-            self.ep_return += r
-            ep_return[t], ep_length[t] = self.ep_return, self.ep_length
-            if done.any():
-                self.ep_return[done] = 0.0
-                self.ep_length[done] = 0
-                next_obs = self._finish_episodes(t, done, next_obs, info, final_values)
-            self.obs = next_obs
-            if self.initial_state is not None:
-                self.state = self._reset_state(next_state, starts)
-                self.is_init = starts
-
-        next_obs = None if self.next_obs_key is None else self._write_next_obs(obs_buffer.tensor, out)
-        if out is None:
-            batch = {self.obs_key: obs_buffer.tensor, **outputs}
-            if next_obs is not None:
-                batch[self.next_obs_key] = next_obs
-            for key, array in host.items():
-                batch[key] = torch.from_numpy(array).to(self.storage_device, non_blocking=True)
-            if info_rows is not None:
-                batch["info"] = self.infos.tensordict(info_rows, [T, N], self.storage_device)
-            if self.has_value:
-                batch["next_value"] = torch.empty_like(outputs[self.value_key])
-            out = TensorDict(batch, batch_size=[T, N], device=self.storage_device)
-            if states is not None:
-                out.update(states)
-        elif not self.on_host:
-            for key, array in host.items():
-                out[key].copy_(torch.from_numpy(array), non_blocking=True)
-            if info_rows is not None:
-                out["info"].copy_(self.infos.tensordict(info_rows, [T, N], torch.device("cpu")), non_blocking=True)
-        if self.has_value:
-            self._write_next_value(out, final_values)
+            self._interact()
+        self.driver.end_batch()
+        self.buffers.popleft()
+        self.first_row += T
+        batch = self._deliver(head)
+        if out is None or batch is out:
+            return batch
+        out.copy_(batch)
         return out
 
-    def _obs_to_device(self, obs_buffer: ObsBuffer, obs_rows: list[Tensor] | None, t: int) -> Obs:
-        if self.on_host:
-            obs_buffer.write(t, self.obs)
-            row = obs_buffer.tensor[t] if obs_rows is None else obs_rows[t]
-            return row if self.device.type == "cpu" else row.to(self.device)  # a view, or an upload to CUDA
-        self.staging.write(slice(None), self.obs)
-        obs_t = self.staging.tensor.to(self.device, non_blocking=True)
-        obs_buffer.tensor[t] = obs_t
-        return obs_t
+    def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:
+        return DeviceRows(self, out) if self.on_device else HostRows(self, out)
 
-    def _finish_episodes(
-        self, t: int, done: np.ndarray, next_obs: Any, info: dict, final_values: list[tuple[int, np.ndarray, Tensor]]
-    ) -> Any:
-        """Records V(final obs) of the envs that ended at step ``t`` and resets them if needed.
+    def _interact(self) -> None:
+        """Acts on the observations waiting, then takes the driver's next step record and writes its results.
 
-        In NEXT_STEP mode the final observation is what the env returns now, so
-        the next step's forward pass values it and nothing is done here.
+        A send/recv pool's envs are acted on as soon as they come back, before
+        their results are written, so that they step meanwhile.
         """
-        mode = self.autoreset_mode
-        if mode == AutoresetMode.NEXT_STEP:
-            return next_obs
-        index = np.flatnonzero(done)
-        final = None
-        keep_final = self.next_obs_key is not None
-        if mode == AutoresetMode.SAME_STEP and (self.has_value or self.check_finite or keep_final):
-            if "final_obs" not in info:
-                raise KeyError(
-                    "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
-                    "'final_obs' at an episode end; a wrapper must keep infos['final_obs']"
-                )
-            final = stack_final_obs(self.obs_space, info["final_obs"], index)
-            if self.check_finite:
-                self._check_finite(final, None, "envs.step() in infos['final_obs']", t, index)
-        if final is None and (self.has_value or keep_final):  # DISABLED: what the step returned, before the reset
-            final = select_obs(self.obs_space, next_obs, index)
-        if keep_final:
-            self.final_obs.append((t, index, final))
-        if self.has_value:
-            # One batched value call for every env that ended this step, with the state after their last step.
-            final_t = obs_to_tensor(self.obs_space, final, self.device)
-            if self.initial_state is None:
-                call = PolicyCall(final_t, value_only=True)
+        if self.waiting is not None:
+            record, self.waiting = self.waiting, None
+            self._act(record)
+        record = self.driver.recv()
+        if record.reward is None:  # the first observations of envs just reset
+            if self.driver.acts_at_once:
+                self._act(record)
             else:
-                rows = torch.from_numpy(index).to(self.device)
-                not_init = self._is_init_tensor(np.zeros(len(index), dtype=bool))
-                call = PolicyCall(final_t, self.next_state[rows], not_init, value_only=True)
-            final_values.append((t, index, self._value(call, len(index))))
-        if mode == AutoresetMode.DISABLED:
-            self.call = "envs.reset(options={'reset_mask': ...})"
-            next_obs, _ = self.envs.reset(options={"reset_mask": done})
-            self.check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
-            if self.check_finite:
-                self._check_finite(next_obs, None, "envs.reset(options={'reset_mask': ...})", t)
-        return next_obs
+                self.waiting = record
+            return
+        if record.ids is None:  # every env: the row acted on last
+            if self.initial_state is not None:
+                self._advance_state(record)
+            self.waiting = record
+            t = self.step - 1 - self.first_row
+            head = self.buffers[0]
+            head.put_results(t, record)
+            if record.final is not None:
+                head.put_final(t, record, self.carried if self.initial_state is not None else None)
+            return
+        # The rows these results end: the ones acted on last, read before acting on the next.
+        rows = self.acted[record.ids] - 1
+        if self.initial_state is not None:
+            self._advance_state(record)
+        if self.driver.acts_at_once:
+            self._act(record)
+        else:
+            self.waiting = record
+        self._write_results(record, rows)
 
-    def _write_next_obs(self, obs: Obs, out: TensorDict | None) -> Obs:
-        """Each row's true next observation, ``[T, n, ...]``: into ``out[next_obs_key]``, or new storage.
+    def _act(self, record: StepRecord) -> None:
+        """The policy's forward on ``record.obs``; stores it on each env's next row and sends its actions."""
+        ids = record.ids
+        if ids is None:  # every env, on one row
+            t = self.step - self.first_row
+            self.step += 1
+            self.row = t
+            head = self.buffers[0]
+            obs_in = head.put_obs(t, record.obs)
+            n = self.num_envs
+        else:
+            rows = self.acted[ids]
+            self.acted[ids] = rows + 1
+            places = self._locate(ids, rows, allocate=True)
+            for buffer, sel, flat in places:
+                buffer.put_obs_at(flat, select(record.obs, sel))
+            obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
+            n = len(ids)
+        state = None
+        if self.initial_state is None:
+            raw, version = self._forward(PolicyCall(obs_in))
+        else:
+            if ids is None:
+                state = (self.state, self.is_init)
+            else:
+                index = torch.from_numpy(ids).to(self.device)
+                state = (self.state[index], self.is_init[ids])
+            raw, version = self._forward(PolicyCall(obs_in, state[0], self._is_init_tensor(state[1])))
+            raw, next_state = self._split_state(raw, n)
+        out_t = self._check_outputs(raw, n)
+        if self.check_finite:
+            self._check_finite_action(out_t["action"], ids)
+        self.driver.send(out_t["action"], ids)
+        # The envs step from here on (a send/recv pool's); the rows are written meanwhile.
+        if ids is None:
+            head.put_acted(t, out_t, version, state)
+            if state is not None:
+                self.carried = next_state
+            return
+        if self.storage_device.type == "cpu":
+            out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
+        for buffer, sel, flat in places:
+            buffer.put_acted_at(flat, sel, out_t, version, state)
+        if state is not None:
+            self.carried[index] = next_state
 
-        The next row's observation, for the last row the one the next batch
-        starts with: what each step returned, except for envs whose episode
-        ended in SAME_STEP and DISABLED modes, whose next row starts after a
-        reset; their final observations (kept by :meth:`_finish_episodes`) are
-        written over those. In NEXT_STEP mode the step after an episode end is
-        the reset row (``mask`` False), whose next observation is the reset one.
+    def _advance_state(self, record: StepRecord) -> None:
+        """The recurrent state of the envs' next rows: the carried one, or the initial one where an episode starts."""
+        ids = record.ids
+        if ids is None:
+            self.state = self._reset_state(self.carried, record.starts, self.initial_state)
+            self.is_init = record.starts
+            return
+        if record.stepped is not None:
+            ids, starts = ids[record.stepped], record.starts[record.stepped]
+        else:
+            starts = record.starts
+        index = torch.from_numpy(ids).to(self.device)
+        self.state[index] = self._reset_state(self.carried[index], starts, self.initial_state[index])
+        self.is_init[ids] = starts
+
+    def _write_results(self, record: StepRecord, rows: np.ndarray) -> None:
+        """Writes the results of the envs of ``record`` that stepped into the rows ``rows`` they acted on."""
+        info = None
+        if self.infos is not None:  # recorded over the record's envs, then taken env by env
+            if self.infos.structures is None:
+                self.infos.learn(self.driver.reset_infos, record.info)
+            info = self.infos.empty_rows(1)
+            self.infos.record(info, 0, record.info, record.terminated | record.truncated, record.real)
+            info = {path: array[0] for path, array in info.items()}
+        ids, stepped = record.ids, record.stepped
+        if stepped is not None:
+            ids, rows = ids[stepped], rows[stepped]
+            record = _pick(record, stepped)
+            if info is not None:
+                info = {path: array[stepped] for path, array in info.items()}
+        for buffer, sel, flat in self._locate(ids, rows):
+            part = record if sel is None else _pick(record, sel)
+            part_info = info if sel is None or info is None else {path: array[sel] for path, array in info.items()}
+            buffer.put_results_at(flat, part, part_info)
+
+    def _locate(
+        self, ids: np.ndarray, rows: np.ndarray, *, allocate: bool = False
+    ) -> list[tuple[HostRows, np.ndarray | None, np.ndarray]]:
+        """``(buffer, which of ids or None for all, flat index t * N + j)`` of env ``ids[i]``'s row ``rows[i]``.
+
+        Rows are counted per env since the reset; ``buffers[0]`` starts at row ``first_row``.
         """
-        if out is None:
-            next_obs = ObsBuffer(self.obs_space, (self.num_steps, self.num_envs), device=self.storage_device).tensor
-        else:
-            next_obs = out[self.next_obs_key]
-        next_obs[:-1] = obs[1:]
-        self._write_obs_rows(next_obs, -1, None, self.obs)
-        for t, index, final in self.final_obs:
-            self._write_obs_rows(next_obs, t, index, final)
-        return next_obs
+        T, N = self.num_steps, self.num_envs
+        offset = rows - self.first_row  # >= 0: every env is past the batches delivered
+        last = int(offset.max()) // T
+        while allocate and len(self.buffers) <= last:
+            self.buffers.append(self._new_rows(None))
+        if int(offset.min()) // T == last:
+            return [(self.buffers[last], None, (offset - last * T) * N + ids)]
+        batch = offset // T
+        found = []
+        for b in np.unique(batch).tolist():
+            sel = np.flatnonzero(batch == b)
+            found.append((self.buffers[b], sel, (offset[sel] - b * T) * N + ids[sel]))
+        return found
 
-    def _write_obs_rows(self, storage: Obs, t: int, index: np.ndarray | None, obs: Any) -> None:
-        """Writes env observations ``obs`` into row ``t`` of ``storage``, at envs ``index`` (None: all of them).
+    # -- the batch's end: bootstrap values and next observations ---------------------------------
 
-        Torch ops on any device, as it runs once per batch and episode end, not per step.
-        """
-        rows = obs_to_tensor(self.obs_space, obs, storage.device)
-        if index is None:
-            storage[t] = rows
-        else:
-            storage[t, torch.from_numpy(index).to(storage.device)] = rows
+    def _deliver(self, head: HostRows | DeviceRows) -> TensorDict:
+        """The complete batch of ``head``, with ``next_value`` and the next observations."""
+        batch = head.assemble()
+        ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
+        finals = None
+        if self.has_value or self.next_obs_key is not None:
+            finals = head.gather_finals(self.device)
+        if self.next_obs_key is not None:
+            next_obs = batch[self.next_obs_key]
+            next_obs[:-1] = batch[self.obs_key][1:]
+            last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
+            next_obs[-1] = last.to(next_obs.device)
+            if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
+                ts, envs, obs, _ = finals
+                next_obs[ts.to(next_obs.device), envs.to(next_obs.device)] = obs.to(next_obs.device)
+        if self.has_value:
+            value, next_value = batch[self.value_key], batch["next_value"]
+            next_value[:-1] = value[1:]
+            if ahead is not None:
+                next_value[-1] = ahead.outputs[self.value_key][0].to(next_value.device)
+            else:
+                next_value[-1] = self._last_value().to(next_value.device)
+            if finals is not None:
+                self._write_final_values(next_value, finals)
+        return batch
 
-    def _write_next_value(self, out: TensorDict, final_values: list[tuple[int, np.ndarray, Tensor]]) -> None:
-        # The last row bootstraps from the observation the next batch starts with.
-        if self.on_host:
-            last_obs = obs_to_tensor(self.obs_space, self.obs, self.device)
-        else:
-            self.staging.write(slice(None), self.obs)
+    def _waiting_obs(self, device: torch.device) -> Obs:
+        """The observations the next batch starts with, as stored (float64 as float32), on ``device``."""
+        obs = self.waiting.obs
+        if not self.on_device:
+            return obs_to_tensor(self.obs_space, obs, device)
+        stored = empty_obs(self.obs_space, (self.num_envs,), device=device)
+        stored.copy_(obs, non_blocking=True)
+        return stored
+
+    def _last_value(self) -> Tensor:
+        """The value of the observations the next batch starts with, with the state it starts with (not advanced)."""
+        if self.staging is not None:
+            self.staging.write(slice(None), self.waiting.obs)
             last_obs = self.staging.tensor.to(self.device, non_blocking=True)
+        else:
+            last_obs = self._waiting_obs(self.device)
         if self.initial_state is None:
             call = PolicyCall(last_obs, value_only=True)
-        else:  # the state the next batch starts with; it is not advanced
+        else:
             call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), value_only=True)
-        value, next_value = out[self.value_key], out["next_value"]
-        next_value[:-1] = value[1:]
-        next_value[-1] = self._value(call, self.num_envs)
-        for t, index, final_value in final_values:
-            next_value[t, torch.from_numpy(index).to(next_value.device)] = final_value.to(next_value.device)
+        return self._value(call, self.num_envs)
+
+    def _write_final_values(self, next_value: Tensor, finals: tuple[Tensor, Tensor, Obs, Any]) -> None:
+        """V(final observation) of every episode that ended, in bootstrap calls of at most ``num_envs`` rows."""
+        ts, envs, obs, states = finals
+        N = self.num_envs
+        not_init = torch.zeros(N, dtype=torch.bool, device=self.device)
+        for start in range(0, len(ts), N):
+            part = slice(start, start + N)
+            n = len(ts[part])
+            if states is None:
+                call = PolicyCall(obs[part], value_only=True)
+            else:
+                call = PolicyCall(obs[part], states[part], not_init[:n], value_only=True)
+            target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
+            next_value[target] = self._value(call, n).to(next_value.device)
 
     def _forward(self, call: PolicyCall) -> tuple[Any, int]:
-        self.call = "the policy's forward()"
-        return self.forward(call)
+        self.in_policy = True
+        try:
+            return self.forward(call)
+        finally:
+            self.in_policy = False
 
     # -- bootstrap values and recurrent state --------------------------------------------------
 
@@ -520,8 +509,10 @@ class RolloutLoop:
             )
         return value
 
-    def _is_init_tensor(self, is_init: np.ndarray) -> Tensor:
-        return torch.from_numpy(is_init).to(self.device)
+    def _is_init_tensor(self, is_init: np.ndarray | Tensor) -> Tensor:
+        if isinstance(is_init, np.ndarray):
+            return torch.from_numpy(is_init).to(self.device)
+        return is_init.to(self.device, non_blocking=True)
 
     def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
         """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
@@ -563,42 +554,35 @@ class RolloutLoop:
         return raw, next_state
 
     def _reset_state(
-        self, next_state: TensorDictBase, starts: np.ndarray, initial: TensorDictBase | None = None
+        self, carried: TensorDictBase, starts: np.ndarray | Tensor, initial: TensorDictBase
     ) -> TensorDictBase:
-        """The state of the next step: ``next_state``, with the initial state (rows of ``initial``, by default
-        all envs') for envs that start an episode."""
-        if not starts.any():
-            return next_state
-        rows = torch.from_numpy(starts).to(self.device)
+        """``carried``, with the rows of ``initial`` for the envs that start an episode (dense on the device)."""
+        if isinstance(starts, np.ndarray):
+            if not starts.any():
+                return carried
+            starts = torch.from_numpy(starts)
+        rows = starts.to(self.device, non_blocking=True)
 
-        def reset(initial: Tensor, carried: Tensor) -> Tensor:
-            return torch.where(rows.view(-1, *(1,) * (carried.dim() - 1)), initial, carried)
+        def reset(first: Tensor, now: Tensor) -> Tensor:
+            return torch.where(rows.view(-1, *(1,) * (now.dim() - 1)), first, now)
 
-        return (self.initial_state if initial is None else initial).apply(reset, next_state)
+        return initial.apply(reset, carried)
 
     def _state_names(self) -> list[str]:
         return [str(key) for key in self.state_keys]
 
-    def _check_finite(
-        self, obs: Any, reward: np.ndarray | None, call: str, t: int | None = None, index: np.ndarray | None = None
-    ) -> None:
-        """Raises ValueError naming the key, env and step of the first NaN or inf (``check_finite=True``).
+    def _non_finite(self, name: str, env: int, value: Any, call: str) -> None:
+        """The drivers' report of a NaN or inf (``check_finite=True``), at the step in flight."""
+        self._raise_non_finite(name, env, value, call, self.row)
 
-        ``index`` maps the rows of ``obs`` to envs when it holds only some of them (final observations).
-        """
-        found = self.check_obs.non_finite(obs)
-        if found is None and reward is not None:
-            found = first_non_finite(reward)
-            found = None if found is None else ("reward", *found)
-        if found is not None:
-            name, env, value = found
-            self._raise_non_finite(name, env if index is None else int(index[env]), value, call, t)
-
-    def _check_finite_action(self, action: Tensor, t: int) -> None:
+    def _check_finite_action(self, action: Tensor, ids: np.ndarray | None) -> None:
         # Before the env sees it: clipping to a Box's bounds would turn inf into a bound, and NaN stays NaN.
         found = first_non_finite(action.detach().cpu().numpy())
         if found is not None:
-            self._raise_non_finite("action", *found, "the policy", t)
+            env, value = found
+            if ids is None:
+                self._raise_non_finite("action", env, value, "the policy", self.row)
+            self._raise_non_finite("action", int(ids[env]), value, "the policy", None)
 
     def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
         env += self.env_offset
@@ -668,7 +652,9 @@ class RolloutLoop:
                 )
             self.output_keys = list(items)
             self.has_value = value is not None
-        elif n == self.num_envs and items.keys() != set(self.output_keys):
+            # The drivers keep the final observations of episodes only for what needs them.
+            self.driver.keep_final = self.has_value or self.next_obs_key is not None
+        elif items.keys() != set(self.output_keys):
             raise ValueError(
                 f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(items)} between "
                 "steps"
@@ -680,16 +666,19 @@ def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
     return key if isinstance(key, tuple) else (key,)
 
 
-def _rows(value: Tensor | TensorDictBase) -> list[Tensor] | None:
-    """The rows ``value[t]`` of a tensor as views; None for a TensorDict, which is indexed instead."""
-    return list(value.unbind(0)) if isinstance(value, Tensor) else None
-
-
-def empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
-    """Uninitialised storage for ``T`` rows shaped like one step's policy output ``value``."""
-    if isinstance(value, Tensor):
-        return torch.empty((T, *value.shape), dtype=value.dtype, device=device)
-    return value.unsqueeze(0).expand(T, *value.batch_size).clone().to(device)
+def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:
+    """The results of the rows ``sel`` of a record."""
+    return StepRecord(
+        None,
+        None,
+        record.reward[sel],
+        record.terminated[sel],
+        record.truncated[sel],
+        None,
+        None if record.real is None else record.real[sel],
+        record.episode_return[sel],
+        record.episode_length[sel],
+    )
 
 
 def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:

@@ -1,0 +1,95 @@
+"""What the collection loop needs from a vector env: the driver interface and the record of one step.
+
+The loop (:mod:`torch_rollout._loop`) talks to envs only through a driver, one per
+kind of vector env (chosen by :func:`torch_rollout._drivers.make_loop`):
+
+- :class:`~torch_rollout._numpy_envs.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode;
+- :class:`~torch_rollout._numpy_envs.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
+  mode, :class:`~torch_rollout.DoubleBufferedVectorEnv`), whose steps return some of the envs at a time;
+- :class:`~torch_rollout._torch_envs.TorchEnvs`: vector envs of torch tensors, on their device.
+
+A driver turns what its env returns into :class:`StepRecord` s with one meaning
+whatever the autoreset mode: the observation each env acts on next, the results
+of its previous step, whether that step was a transition, whether the next row
+starts an episode, and the observations that ended episodes when the env
+returned them apart. The driver also keeps the episode totals, checks what the
+env returns, and converts the policy's actions for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from torch import Tensor
+
+__all__ = ["EnvDriver", "StepRecord"]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One step of some (or all) envs, as the loop reads it.
+
+    Arrays are NumPy arrays for the host drivers and tensors on the env's
+    device for :class:`~torch_rollout._torch_envs.TorchEnvs`; each has one row
+    per env of ``ids``.
+
+    Attributes:
+        obs: the observation each env acts on next (after any reset).
+        ids: the envs of this record, None for all of them.
+        reward: the rewards of the envs' previous steps; None when no env of ``ids``
+            has a result (the first record after a reset).
+        terminated, truncated: the flags of those steps.
+        stepped: which rows of ``ids`` hold a result (None: all of them, when ``reward`` is set).
+        real: whether each step was a transition (False on NEXT_STEP's reset steps); None: all were.
+        episode_return, episode_length: the totals of each env's episode up to and including the step.
+        starts: whether each env's next row starts an episode (its recurrent state is reset).
+        final: the observations that ended episodes, where the env returned them apart from
+            ``obs`` (SAME_STEP, DISABLED): dense rows for the device driver, ``(index, rows)`` of the
+            envs that ended for the host drivers; None when no episode ended or ``obs`` holds them.
+        info: the step's infos as the env returned them.
+    """
+
+    obs: Any
+    ids: np.ndarray | None = None
+    reward: Any = None
+    terminated: Any = None
+    truncated: Any = None
+    stepped: np.ndarray | None = None
+    real: Any = None
+    episode_return: Any = None
+    episode_length: Any = None
+    starts: Any = None
+    final: Any = None
+    info: Any = None
+
+
+class EnvDriver(Protocol):
+    """Steps one kind of vector env for the loop; every env call goes through it."""
+
+    envs: VectorEnv
+    num_envs: int
+    width: int  # envs of one step record: num_envs, or the batch_size of a send/recv pool
+    autoreset_mode: AutoresetMode
+    acts_at_once: bool  # acts on every env that comes back, also past the batch's end (send/recv pools)
+    keep_final: bool  # the loop needs the final observations (set once the policy's outputs are known)
+    call: str  # the env call running or made last, for a stuck loop's report
+    reset_infos: Any  # the infos of the last reset, for the info keys' structures
+
+    def reset(self, seed: int | None) -> StepRecord | None:
+        """Resets every env; the record of their first observations, or None when the first ``recv`` gives them."""
+        ...
+
+    def send(self, action: Tensor, ids: np.ndarray | None) -> None:
+        """Gives the policy's actions (on the policy's device) to the envs ``ids`` (None: all)."""
+        ...
+
+    def recv(self) -> StepRecord:
+        """The next step record: a step of every env with the actions sent, or the envs that came back."""
+        ...
+
+    def end_batch(self) -> None:
+        """Checks that wait for the batch's end (they would read values back to the host)."""
+        ...

@@ -1,0 +1,349 @@
+"""The drivers of vector envs of NumPy arrays: gymnasium's ``step``, and ``send``/``recv`` pools.
+
+:class:`NumpyEnvs` steps every env at once, in each of gymnasium's autoreset
+modes. :class:`SendRecvEnvs` drives EnvPool in async mode and
+:class:`~torch_rollout.DoubleBufferedVectorEnv`, whose ``recv()`` returns the
+envs that are ready. Both keep their bookkeeping in NumPy on the host.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from torch import Tensor
+
+from torch_rollout._double_buffer import DoubleBufferedVectorEnv
+from torch_rollout._env_seam import StepRecord
+from torch_rollout._envs import autoreset_mode as env_autoreset_mode
+from torch_rollout._infos import InfoRecorder
+from torch_rollout._spaces import (
+    ActionConverter,
+    ObsChecker,
+    check_action_space,
+    check_obs_space,
+    first_non_finite,
+    select_obs,
+    stack_final_obs,
+)
+
+__all__ = ["NumpyEnvs", "SendRecvEnvs", "is_async_pool"]
+
+# check_finite's report: (what, env index, value, call) -> raises.
+NonFinite = Callable[[str, int, Any, str], NoReturn]
+
+
+def is_async_pool(envs: VectorEnv) -> bool:
+    """Whether ``envs`` is stepped with ``send``/``recv``: an EnvPool in async mode (``batch_size < num_envs``).
+
+    Or a :class:`DoubleBufferedVectorEnv`, which presents the same API.
+
+    Raises:
+        TypeError: ``envs`` wraps such a pool: the wrapper's ``step`` would
+            ``send`` to every env and ``recv`` only ``batch_size`` of them.
+    """
+    base = envs.unwrapped
+    if not all(callable(getattr(base, name, None)) for name in ("async_reset", "send", "recv")):
+        return False
+    if not getattr(base, "is_async", False):
+        return False
+    if base is not envs:
+        if isinstance(base, DoubleBufferedVectorEnv):
+            raise TypeError(
+                f"Collector: envs is {type(envs).__name__} around a DoubleBufferedVectorEnv of "
+                f"{len(base.groups)} groups of {base.group_size} envs; the collector drives it with send/recv "
+                "itself, past any wrapper (a vector wrapper would step every group at once): pass it unwrapped, "
+                "or pass its envs as one vector env (not double_buffered)"
+            )
+        raise TypeError(
+            f"Collector: envs is {type(envs).__name__} around an EnvPool in async mode (batch_size="
+            f"{base.config['batch_size']} < num_envs={base.num_envs}); the collector drives such a pool with "
+            "send/recv itself, past any wrapper: pass the pool unwrapped, or make it with batch_size=num_envs"
+        )
+    return True
+
+
+class _HostEnvs:
+    """What both host drivers share: the spaces' checks, the action conversion and the finite checks."""
+
+    acts_at_once = False
+    on_device = False  # NumPy arrays: rows written through NumPy views on the host
+
+    def __init__(self, envs: VectorEnv, width: int, *, check_finite: bool, non_finite: NonFinite, env_offset: int):
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self.width = width
+        self.autoreset_mode = env_autoreset_mode(envs)
+        self.obs_space = envs.single_observation_space
+        check_obs_space(self.obs_space)
+        check_action_space(envs.single_action_space)
+        self.to_env_action = ActionConverter(envs.single_action_space, width, env_offset=env_offset)
+        self.check_obs = ObsChecker(self.obs_space, width)
+        self.check_finite = check_finite
+        self.non_finite = non_finite
+        self.keep_final = True
+        self.call = "envs.reset()"
+        self.reset_infos: Any = None
+
+    def _check_finite(self, obs: Any, reward: np.ndarray | None, call: str, index: np.ndarray | None = None) -> None:
+        """Raises (through ``non_finite``) at the first NaN or inf; ``index`` maps rows to envs."""
+        found = self.check_obs.non_finite(obs)
+        if found is None and reward is not None:
+            found = first_non_finite(reward)
+            found = None if found is None else ("reward", *found)
+        if found is not None:
+            name, env, value = found
+            self.non_finite(name, env if index is None else int(index[env]), value, call)
+
+    def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> InfoRecorder:
+        """Records the named infos of each step into host rows."""
+        return InfoRecorder(specs, num_envs=self.width, autoreset_mode=self.autoreset_mode, env_offset=env_offset)
+
+    def check_seed(self, seed: int | None) -> None:
+        pass
+
+    def end_batch(self) -> None:
+        pass
+
+
+class NumpyEnvs(_HostEnvs):
+    """Drives a gymnasium vector env of NumPy arrays, in any autoreset mode; every env steps at once.
+
+    - NEXT_STEP: the step after an episode's end resets the env; it is no
+      transition (``real`` False), and the row after it starts the episode.
+    - SAME_STEP: the env resets within the step that ends an episode; the final
+      observations come from ``infos["final_obs"]``.
+    - DISABLED: the driver resets the envs that ended with ``reset_mask``; the
+      final observations are what the step returned.
+    """
+
+    def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:
+        super().__init__(envs, envs.num_envs, **kwargs)
+        self.action: np.ndarray | None = None
+
+    def reset(self, seed: int | None) -> StepRecord:
+        N = self.num_envs
+        self.call = "envs.reset()"
+        obs, self.reset_infos = self.envs.reset(seed=seed)
+        if isinstance(obs, Tensor) or (isinstance(obs, Mapping) and any(isinstance(v, Tensor) for v in obs.values())):
+            raise TypeError(
+                f"Collector: envs.reset() returned torch tensors, but {type(self.envs).__name__} does not say that "
+                "it presents torch tensors: give it (or a wrapper of it) the attribute `device`, the torch.device "
+                "of its tensors, as torch_rollout.envs, gymnasium's NumpyToTorch and ManiSkill3's ManiSkillVectorEnv "
+                "have; the collector then keeps its tensors on that device"
+            )
+        self.check_obs(obs, "envs.reset()")
+        if self.check_finite:
+            self._check_finite(obs, None, "envs.reset()")
+        self.prev_done = np.zeros(N, dtype=bool)  # NEXT_STEP: the next step of these envs is a reset
+        self.ep_return = np.zeros(N, dtype=np.float32)
+        self.ep_length = np.zeros(N, dtype=np.int64)
+        return StepRecord(obs)
+
+    def send(self, action: Tensor, ids: np.ndarray | None) -> None:
+        self.action = self.to_env_action(action)
+
+    def recv(self) -> StepRecord:
+        self.call = "envs.step()"
+        next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
+        self.check_obs(next_obs, "envs.step()")
+        if self.check_finite:
+            self._check_finite(next_obs, reward, "envs.step()")
+        done = terminated | truncated
+        mode = self.autoreset_mode
+        real = None
+        if mode == AutoresetMode.NEXT_STEP:
+            # This step reset the envs that ended last step: not a real transition.
+            real = ~self.prev_done
+            self.prev_done = done
+            self.ep_length += real
+            starts = ~real  # an env's step after its reset step starts its episode
+        else:
+            self.ep_length += 1
+            starts = done
+        self.ep_return += reward
+        ep_return, ep_length = self.ep_return, self.ep_length  # read before the next step
+        final = None
+        if done.any():
+            ep_return, ep_length = ep_return.copy(), ep_length.copy()
+            self.ep_return[done] = 0.0
+            self.ep_length[done] = 0
+            if mode != AutoresetMode.NEXT_STEP:
+                next_obs, final = self._end_episodes(done, next_obs, info)
+        return StepRecord(
+            next_obs,
+            None,
+            reward,
+            terminated,
+            truncated,
+            None,
+            real,
+            ep_return,
+            ep_length,
+            starts,
+            final,
+            info,
+        )
+
+    def _end_episodes(self, done: np.ndarray, next_obs: Any, info: dict) -> tuple[Any, Any]:
+        """SAME_STEP and DISABLED: the final observations of the envs that ended; DISABLED resets them.
+
+        Returns the observations to act on next and ``(index, final observations)`` (None when nobody needs them).
+        """
+        index = np.flatnonzero(done)
+        final = None
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            if self.keep_final or self.check_finite:
+                if "final_obs" not in info:
+                    raise KeyError(
+                        "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
+                        "'final_obs' at an episode end; a wrapper must keep infos['final_obs']"
+                    )
+                final = stack_final_obs(self.obs_space, info["final_obs"], index)
+                if self.check_finite:
+                    self._check_finite(final, None, "envs.step() in infos['final_obs']", index)
+            return next_obs, (index, final) if self.keep_final else None
+        # DISABLED: what the step returned, before the reset
+        if self.keep_final:
+            final = (index, select_obs(self.obs_space, next_obs, index))
+        self.call = "envs.reset(options={'reset_mask': ...})"
+        next_obs, _ = self.envs.reset(options={"reset_mask": done})
+        self.check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
+        if self.check_finite:
+            self._check_finite(next_obs, None, "envs.reset(options={'reset_mask': ...})")
+        return next_obs, final
+
+
+class SendRecvEnvs(_HostEnvs):
+    """Drives an EnvPool in async mode or a DoubleBufferedVectorEnv: the policy acts on the envs that are ready.
+
+    ``recv()`` returns the ``batch_size`` envs whose step has finished
+    (``info["env_id"]``), and ``send(action, env_id)`` steps them while the
+    others keep stepping in EnvPool's threads, outside the GIL. Its envs reset
+    on the step after an episode's end (NEXT_STEP): that step is no
+    transition. Every env that comes back is acted on at once
+    (``acts_at_once``): ``recv()`` waits for ``batch_size`` envs, so holding
+    back envs whose rows are complete could leave too few stepping to fill it.
+
+    ``seed`` cannot reach an EnvPool (its seeds are fixed when it is made) and
+    only warns when it differs; a DoubleBufferedVectorEnv is reset with it.
+    """
+
+    acts_at_once = True
+
+    def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:
+        config = envs.config
+        super().__init__(envs, int(config["batch_size"]), **kwargs)
+        if self.autoreset_mode != AutoresetMode.NEXT_STEP:
+            raise ValueError(
+                f"Collector: an EnvPool in async mode resets an env on the step after its episode ends "
+                f"(AutoresetMode.NEXT_STEP), but its metadata says {self.autoreset_mode}"
+            )
+        if int(config.get("max_num_players", 1)) != 1:
+            raise ValueError(
+                f"Collector: EnvPool max_num_players={config['max_num_players']}; the collector steps "
+                "single-player envs only"
+            )
+        self.seeds_at_reset = isinstance(envs, DoubleBufferedVectorEnv)
+
+    def check_seed(self, seed: int | None) -> None:
+        """Warns that ``seed`` cannot reach an EnvPool whose envs were seeded with another one."""
+        if self.seeds_at_reset:
+            return
+        made = self.envs.config.get("seed")
+        if seed is not None and seed != made:
+            warnings.warn(
+                f"Collector: seed={seed} cannot reach an EnvPool, whose envs were seeded when it was made "
+                f"(with seed={made}); make the pool with seed={seed}, or pass seed={made} or None",
+                UserWarning,
+                stacklevel=5,  # the Collector's caller (through the placement and the loop)
+            )
+
+    def reset(self, seed: int | None) -> None:
+        N = self.num_envs
+        self._drain()
+        self.call = "envs.async_reset()"
+        if self.seeds_at_reset:
+            self.envs.async_reset(seed=seed)
+        else:
+            self.envs.async_reset()
+        self.in_flight[:] = True
+        self.pending = np.zeros(N, dtype=bool)  # the env's last action awaits its step's result
+        self.prev_done = np.zeros(N, dtype=bool)
+        self.ep_return = np.zeros(N, dtype=np.float32)
+        self.ep_length = np.zeros(N, dtype=np.int64)
+        self.reset_infos = None
+        return None  # the first recv() returns the reset observations
+
+    def _drain(self) -> None:
+        """Takes back the steps an earlier loop left in flight, so that no env gets a second request.
+
+        Envs not in flight are stepped with sampled actions where ``recv()``
+        needs them to fill a batch; these steps belong to no row, as the reset
+        that follows starts every env on a new episode.
+        """
+        envs, B = self.envs, self.width
+        in_flight = getattr(envs, "_torch_rollout_in_flight", None)
+        if in_flight is None:
+            in_flight = np.zeros(self.num_envs, dtype=bool)
+            envs._torch_rollout_in_flight = in_flight  # for the next collector of a live pool
+        self.in_flight = in_flight
+        while in_flight.any():
+            missing = B - int(in_flight.sum())
+            if missing > 0:
+                idle = np.flatnonzero(~in_flight)[:missing]
+                space = envs.single_action_space
+                self.call = "envs.send() (draining the steps an earlier collector left in flight)"
+                envs.send(np.stack([space.sample() for _ in idle]), idle.astype(np.int32))
+                in_flight[idle] = True
+            self.call = "envs.recv() (draining the steps an earlier collector left in flight)"
+            *_, info = envs.recv()
+            in_flight[np.asarray(info["env_id"], dtype=np.intp)] = False
+
+    def send(self, action: Tensor, ids: np.ndarray | None) -> None:
+        action = self.to_env_action(action, ids)  # errors name the env, not its place in this recv
+        self.call = "envs.send()"
+        self.envs.send(action, self.env_id)
+        self.in_flight[ids] = True
+        self.pending[ids] = True
+
+    def recv(self) -> StepRecord:
+        self.call = "envs.recv()"
+        obs, reward, terminated, truncated, info = self.envs.recv()
+        self.env_id = info["env_id"]
+        ids = np.asarray(self.env_id, dtype=np.intp)
+        self.in_flight[ids] = False
+        self.check_obs(obs, "envs.recv()")
+        if self.check_finite:
+            self._check_finite(obs, reward, "envs.recv()", ids)
+        if self.reset_infos is None:
+            self.reset_infos = info  # the first recv() returns resets
+        stepped = self.pending[ids]  # these envs' results end the rows they acted on last
+        self.pending[ids] = False
+        if not stepped.any():
+            return StepRecord(obs, ids, info=info)
+        real = ~self.prev_done[ids]  # this step reset envs that ended at their last one: not a transition
+        done = terminated | truncated
+        ep_length = self.ep_length[ids] + real
+        ep_return = self.ep_return[ids] + reward
+        results = ids[stepped]
+        self.prev_done[results] = done[stepped]
+        self.ep_length[results] = np.where(done, 0, ep_length)[stepped]
+        self.ep_return[results] = np.where(done, 0.0, ep_return)[stepped]
+        return StepRecord(
+            obs,
+            ids,
+            reward,
+            terminated,
+            truncated,
+            None if stepped.all() else stepped,
+            real,
+            ep_return,
+            ep_length,
+            ~real,
+            None,
+            info,
+        )

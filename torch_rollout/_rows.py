@@ -1,0 +1,417 @@
+"""The ``[T, N]`` rows of one batch while the loop fills them, in two kinds of storage.
+
+:class:`HostRows` takes step records of NumPy arrays (the host drivers) and
+writes them through NumPy views, a whole row at a time (``index``: the row
+``t``) or env by env (``index``: flat positions ``t * N + j``, for envs that
+come back at their own pace). :class:`DeviceRows` takes records of torch
+tensors and writes whole rows with tensor ops on the storage device, reading
+nothing back to the host. Both keep the final observations of the episodes
+that ended (and a recurrent policy's state after their last step) until the
+batch's end, where the loop values them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+
+from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor
+
+if TYPE_CHECKING:
+    from torch_rollout._env_seam import StepRecord
+    from torch_rollout._loop import RolloutLoop
+
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "empty_rows", "where_rows"]
+
+# The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
+LOOP_KEYS = {
+    "reward": np.float32,
+    "terminated": np.bool_,
+    "truncated": np.bool_,
+    "mask": np.bool_,
+    "episode_return": np.float32,
+    "episode_length": np.int64,
+    "policy_version": np.int64,
+}
+
+
+def empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
+    """Uninitialised storage for ``T`` rows shaped like one step's policy output ``value``."""
+    if isinstance(value, Tensor):
+        return torch.empty((T, *value.shape), dtype=value.dtype, device=device)
+    return value.unsqueeze(0).expand(T, *value.batch_size).clone().to(device)
+
+
+def where_rows(mask: Tensor, value: Any, other: Any) -> Any:
+    """``torch.where`` with a ``[N]`` mask over the rows of ``[N, ...]`` tensors or every leaf of TensorDicts."""
+    if isinstance(value, TensorDictBase):
+        return value.apply(lambda v, o: where_rows(mask, v, o), other)
+    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)
+
+
+def _unbind(value: Tensor | TensorDictBase) -> tuple[Tensor, ...] | None:
+    """The rows of a ``[T, ...]`` tensor as views, made once per batch; None for a TensorDict (indexed instead)."""
+    return value.unbind(0) if isinstance(value, Tensor) else None
+
+
+def _widen(value: Tensor | TensorDictBase, n: int) -> Tensor | TensorDictBase:
+    """``value``'s first row expanded to ``n`` rows: the shape of one step's output for every env."""
+    if isinstance(value, Tensor):
+        return value[:1].expand(n, *value.shape[1:])
+    return value[:1].expand(n)
+
+
+def select(obs: Any, sel: np.ndarray | None) -> Any:
+    """The rows ``sel`` of a batch of env observations or results (array or dict of arrays); all where None."""
+    if sel is None:
+        return obs
+    if isinstance(obs, dict):
+        return {key: select(value, sel) for key, value in obs.items()}
+    return np.asarray(obs)[sel]
+
+
+class _Rows:
+    """What both kinds share: the policy's outputs, versions and recurrent states, stored as tensors."""
+
+    outputs: dict[str, Tensor | TensorDictBase] | None
+    states: TensorDictBase | None
+    info: Any
+
+    def __init__(self, loop: RolloutLoop) -> None:
+        self.loop = loop
+        self.T, self.N = loop.num_steps, loop.num_envs
+        self.store = loop.storage_device
+        self.filled = 0  # rows whose step has come back
+        self.outputs = None
+        self.output_rows: dict[str, tuple[Tensor, ...] | None] = {}
+        self.states = None
+        self.info = None
+
+    def _allocate_outputs(self, out_t: dict[str, Any]) -> None:
+        self.outputs = {key: empty_rows(_widen(value, self.N), self.T, self.store) for key, value in out_t.items()}
+        self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
+
+    def _put_outputs_row(self, t: int, out_t: dict[str, Any]) -> None:
+        if self.outputs is None:
+            self._allocate_outputs(out_t)
+        for key, value in out_t.items():
+            rows = self.output_rows[key]
+            if rows is None:
+                self.outputs[key][t] = value
+            else:
+                rows[t].copy_(value, non_blocking=True)
+
+    def _batch(self, batch: dict[str, Any]) -> TensorDict:
+        """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
+        loop, T, N, store = self.loop, self.T, self.N, self.store
+        if loop.has_value:
+            batch["next_value"] = torch.empty_like(self.outputs[loop.value_key])
+        if loop.next_obs_key is not None:
+            batch[loop.next_obs_key] = empty_obs(loop.obs_space, (T, N), device=store)
+        out = TensorDict(batch, batch_size=[T, N], device=store)
+        if self.states is not None:
+            out.update(self.states)
+        return out
+
+    def _put_state(self, index: Any, state: TensorDictBase) -> None:
+        if self.states is None:
+            self.states = empty_rows(_widen(state, self.N), self.T, self.store)
+        self.states[index] = state.to(self.store)
+
+
+class HostRows(_Rows):
+    """Rows written from NumPy: views of the batch's storage on the CPU, host arrays uploaded at the end otherwise.
+
+    ``out``: a batch of an earlier call (a shared-memory slot) written in place; only
+    with rows written a whole row at a time.
+    """
+
+    def __init__(self, loop: RolloutLoop, out: TensorDict | None) -> None:
+        super().__init__(loop)
+        T, N = self.T, self.N
+        self.out = out
+        self.on_host = self.store.type == "cpu"
+        keys = loop.loop_keys
+        if out is not None:  # a CPU slot: every row is written into it in place
+            self.obs = ObsBuffer.wrap(loop.obs_space, out[loop.obs_key])
+            self.host = {key: out[key].numpy() for key in keys}
+            self.outputs = {key: out[key] for key in loop.output_keys}
+            self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
+            if loop.initial_state is not None:
+                self.states = out.select(*loop.state_keys)
+            if loop.infos is not None:
+                self.info = loop.infos.views(out["info"])
+        else:
+            self.obs = ObsBuffer(loop.obs_space, (T, N), device=self.store)
+            self.host = {key: np.empty((T, N), dtype=dtype) for key, dtype in keys.items()}
+        self.host["mask"].fill(True)
+        self.flat = {key: array.reshape(-1) for key, array in self.host.items()}
+        arrays = self.obs.arrays
+        self.flat_obs = arrays.reshape(T * N, *arrays.shape[2:]) if isinstance(arrays, np.ndarray) else None
+        self.obs_rows = _unbind(self.obs.tensor)
+        self.finals: list[tuple[int, np.ndarray, Any, TensorDictBase | None]] = []  # (t, envs, obs, states)
+
+    # -- acting: observations, outputs, versions, states ----------------------------------------
+
+    def put_obs(self, t: int, obs: Any) -> Obs:
+        """Stores row ``t``'s observations and returns them for the policy, on its device."""
+        loop = self.loop
+        if self.on_host:
+            self.obs.write(t, obs)
+            row = self.obs.tensor[t] if self.obs_rows is None else self.obs_rows[t]
+            return row if loop.device.type == "cpu" else row.to(loop.device)  # a view, or an upload to CUDA
+        # Batches on CUDA get observations through a page-locked staging row, reused each step: reading the
+        # action back synchronizes with the upload.
+        loop.staging.write(slice(None), obs)
+        obs_t = loop.staging.tensor.to(loop.device, non_blocking=True)
+        self.obs.tensor[t] = obs_t
+        return obs_t
+
+    def put_obs_at(self, flat: np.ndarray, obs: Any) -> None:
+        """Stores observations at the flat positions ``flat`` (``t * N + j``)."""
+        if self.flat_obs is not None:
+            self.flat_obs[flat] = obs
+        elif self.on_host:  # a Dict space: nested arrays
+            self.obs.write((flat // self.N, flat % self.N), obs)
+        else:
+            rows = torch.from_numpy(flat).to(self.store)
+            self.obs.tensor[rows // self.N, rows % self.N] = obs_to_tensor(self.loop.obs_space, obs, self.store)
+
+    def put_acted(
+        self, t: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, np.ndarray] | None
+    ) -> None:
+        """Stores the policy's outputs on row ``t``, the weights' version and the state it acted with."""
+        self._put_outputs_row(t, out_t)
+        self.host["policy_version"][t] = version
+        if state is not None:
+            self._put_state(t, state[0])
+            self.host["is_init"][t] = state[1]
+
+    def put_acted_at(
+        self,
+        flat: np.ndarray,
+        sel: np.ndarray | None,
+        out_t: dict[str, Any],
+        version: int,
+        state: tuple[TensorDictBase, np.ndarray] | None,
+    ) -> None:
+        """:meth:`put_acted` at flat positions; ``sel``: the rows of ``out_t`` they are (None: all)."""
+        if self.outputs is None:
+            self._allocate_outputs(out_t)
+            self.views = {
+                key: value.numpy().reshape(self.T * self.N, *value.shape[2:])
+                if isinstance(value, Tensor) and value.device.type == "cpu"
+                else None
+                for key, value in self.outputs.items()
+            }
+        where = None
+        for key, value in out_t.items():
+            view = self.views[key]
+            if view is not None:
+                view[flat] = value.numpy() if sel is None else value.numpy()[sel]
+                continue
+            storage = self.outputs[key]
+            if where is None:
+                rows = torch.from_numpy(flat).to(storage.device)
+                where = (rows // self.N, rows % self.N)
+            if sel is not None:
+                value = value[torch.from_numpy(sel).to(value.device)]
+            storage[where] = value.to(storage.device)
+        self.flat["policy_version"][flat] = version
+        if state is not None:
+            rows = torch.from_numpy(flat)
+            states, is_init = state
+            if sel is not None:
+                states, is_init = states[torch.from_numpy(sel).to(states.device)], is_init[sel]
+            self._put_state((rows // self.N, rows % self.N), states)
+            self.flat["is_init"][flat] = is_init
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def put_results(self, t: int, record: StepRecord) -> None:
+        """Stores the results of row ``t``'s step: every env's."""
+        _put_result_rows(self.host, t, record)
+        self.filled += self.N
+        infos = self.loop.infos
+        if infos is not None:
+            if self.info is None:
+                if infos.structures is None:
+                    infos.learn(self.loop.driver.reset_infos, record.info)
+                self.info = infos.empty_rows(self.T)
+            infos.record(self.info, t, record.info, record.terminated | record.truncated, record.real)
+
+    def put_results_at(self, flat: np.ndarray, record: StepRecord, info: dict | None) -> None:
+        """Stores results at flat positions; ``record`` and ``info`` (recorded rows per leaf) hold only theirs."""
+        _put_result_rows(self.flat, flat, record)
+        self.filled += len(flat)
+        if info is None:
+            return
+        if self.info is None:  # the recorder's rows are a record's envs: these are [T * N, ...]
+            T, N = self.T, self.N
+            leaves = self.loop.infos.leaves
+            self.flat_info = {path: np.empty((T * N, *shape), dtype=dtype) for path, shape, dtype in leaves}
+            self.info = {path: array.reshape(T, N, *array.shape[1:]) for path, array in self.flat_info.items()}
+        for path, array in info.items():
+            self.flat_info[path][flat] = array
+
+    def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
+        """Keeps the final observations of the envs that ended at step ``t`` and their state after it."""
+        index, obs = record.final
+        states = None
+        if carried is not None:
+            states = carried[torch.from_numpy(index).to(carried.device)]
+        self.finals.append((t, index, obs, states))
+
+    def gather_finals(self, device: torch.device) -> tuple[Tensor, Tensor, Obs, TensorDictBase | None] | None:
+        """``(rows t, envs, final observations on device, states)`` of this batch's episode ends, or None."""
+        if not self.finals:
+            return None
+        ts = np.concatenate([np.full(len(index), t) for t, index, _, _ in self.finals])
+        envs = np.concatenate([index for _, index, _, _ in self.finals])
+        space = self.loop.obs_space
+        parts = [obs_to_tensor(space, obs, device) for _, _, obs, _ in self.finals]
+        obs = torch.cat(parts)
+        states = None
+        if self.finals[0][3] is not None:
+            states = torch.cat([states for *_, states in self.finals])
+        return torch.from_numpy(ts), torch.from_numpy(envs), obs, states
+
+    # -- the batch -------------------------------------------------------------------------------
+
+    def first_obs(self) -> Obs:
+        """Row 0's observations (of a batch acted ahead): the observation after the previous batch's last row."""
+        return self.obs.tensor[0]
+
+    def assemble(self) -> TensorDict:
+        """The batch of these rows on the storage device (``out`` when given); its bootstrap entries are unset."""
+        loop = self.loop
+        T, N, store = self.T, self.N, self.store
+        if self.out is not None:
+            return self.out  # written in place
+        batch: dict[str, Any] = {loop.obs_key: self.obs.tensor, **self.outputs}
+        for key, array in self.host.items():
+            batch[key] = torch.from_numpy(array).to(store, non_blocking=True)
+        if self.info is not None:
+            batch["info"] = loop.infos.tensordict(self.info, [T, N], store)
+        return self._batch(batch)
+
+
+class DeviceRows(_Rows):
+    """Rows written with tensor ops on the storage device, a whole row at a time: no value is read back.
+
+    The policy acts on the stored row, in its storage dtype (float64 as float32),
+    as on the host. Final observations are kept dense (every env's row, with a
+    ``[T, N]`` mask of the envs that ended) on the policy's device.
+    """
+
+    def __init__(self, loop: RolloutLoop, out: TensorDict | None) -> None:
+        super().__init__(loop)
+        T, N, store = self.T, self.N, self.store
+        self.out = out
+        keys = [key for key in loop.loop_keys if key != "policy_version"]
+        if out is None:
+            self.obs = empty_obs(loop.obs_space, (T, N), device=store)
+            dtypes = {key: torch.from_numpy(np.empty(0, dtype=loop.loop_keys[key])).dtype for key in keys}
+            self.rows = {key: torch.empty((T, N), dtype=dtypes[key], device=store) for key in keys}
+        else:
+            self.obs = out[loop.obs_key]
+            self.rows = {key: out[key] for key in keys}
+            self.outputs = {key: out[key] for key in loop.output_keys}
+            self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
+            if loop.initial_state is not None:
+                self.states = out.select(*loop.state_keys)
+            if loop.infos is not None:
+                self.info = out["info"]
+        self.rows["mask"].fill_(True)
+        self.views = {key: value.unbind(0) for key, value in self.rows.items()}
+        self.obs_rows = _unbind(self.obs)
+        self.versions: list[int] = []
+        self.final_obs: Obs | None = None
+        self.final_mask: Tensor | None = None
+        self.final_states: TensorDictBase | None = None
+
+    def put_obs(self, index: int, obs: Any) -> Obs:
+        _write_row(self.obs_rows, self.obs, index, obs)
+        row = self.obs[index] if self.obs_rows is None else self.obs_rows[index]
+        return row if self.store == self.loop.device else row.to(self.loop.device, non_blocking=True)
+
+    def put_acted(
+        self, index: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, Tensor] | None
+    ) -> None:
+        self._put_outputs_row(index, out_t)
+        self.versions.append(version)
+        if state is not None:
+            self._put_state(index, state[0])
+            self.views["is_init"][index].copy_(state[1], non_blocking=True)
+
+    def put_results(self, index: int, record: StepRecord) -> None:
+        views = self.views
+        views["reward"][index].copy_(record.reward, non_blocking=True)
+        views["terminated"][index].copy_(record.terminated, non_blocking=True)
+        views["truncated"][index].copy_(record.truncated, non_blocking=True)
+        views["episode_return"][index].copy_(record.episode_return, non_blocking=True)
+        views["episode_length"][index].copy_(record.episode_length, non_blocking=True)
+        if record.real is not None:
+            views["mask"][index].copy_(record.real, non_blocking=True)
+        self.filled += self.N
+        infos = self.loop.infos
+        if infos is not None:
+            if self.info is None:
+                self.info = infos.empty_rows(record.info, self.T, self.store)
+            infos.record(self.info, index, record.info, record.terminated | record.truncated, record.real)
+
+    def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
+        device = self.loop.device
+        final, done = record.final, record.terminated | record.truncated
+        if self.final_obs is None:
+            self.final_obs = empty_obs(self.loop.obs_space, (self.T, self.N), device=device)
+            self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
+        _write_row(None, self.final_obs, t, final.to(device, non_blocking=True))
+        self.final_mask[t].copy_(done, non_blocking=True)
+        if carried is not None:
+            if self.final_states is None:
+                self.final_states = empty_rows(carried, self.T, device)
+            self.final_states[t] = carried  # the state after the episode's last step
+
+    def gather_finals(self, device: torch.device) -> tuple[Tensor, Tensor, Obs, TensorDictBase | None] | None:
+        if self.final_mask is None:
+            return None
+        ts, envs = self.final_mask.nonzero(as_tuple=True)  # the one host sync of a batch
+        states = None if self.final_states is None else self.final_states[ts, envs]
+        return ts, envs, self.final_obs[ts, envs], states
+
+    def first_obs(self) -> Obs:
+        return self.obs[0]
+
+    def assemble(self) -> TensorDict:
+        loop = self.loop
+        N, store = self.N, self.store
+        policy_version = torch.tensor(self.versions, dtype=torch.int64).unsqueeze(1).repeat(1, N)
+        if self.out is not None:
+            self.out["policy_version"].copy_(policy_version)
+            return self.out
+        batch = {loop.obs_key: self.obs, **self.outputs, **self.rows, "policy_version": policy_version.to(store)}
+        if self.info is not None:
+            batch["info"] = self.info
+        return self._batch(batch)
+
+
+def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, record: StepRecord) -> None:
+    host["reward"][index] = record.reward
+    host["terminated"][index] = record.terminated
+    host["truncated"][index] = record.truncated
+    host["episode_return"][index] = record.episode_return
+    host["episode_length"][index] = record.episode_length
+    if record.real is not None:
+        host["mask"][index] = record.real
+
+
+def _write_row(rows: tuple[Tensor, ...] | None, store: Any, t: int, value: Any) -> None:
+    if rows is not None:
+        rows[t].copy_(value, non_blocking=True)
+    else:
+        store[t] = value

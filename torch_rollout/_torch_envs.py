@@ -1,0 +1,339 @@
+"""The driver of vector envs of torch tensors: every step stays on the env's device, without host syncs.
+
+GPU simulators (ManiSkill3, Isaac Lab, Genesis through adapters, Brax and MuJoCo
+Playground through DLPack) and :mod:`torch_rollout.envs` present themselves as
+gymnasium vector envs whose observations, rewards and flags are torch tensors
+on one device. :class:`TorchEnvs` keeps them there: actions go to the env as
+tensors on its device, and flags, masks and episode totals are computed with
+dense tensor ops. No step reads a value back to the host (no ``.item()``,
+``nonzero``, ``bool()`` of a tensor): a missing final observation is looked
+for at the batch's end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+
+from torch_rollout._env_seam import StepRecord
+from torch_rollout._envs import autoreset_mode as env_autoreset_mode
+from torch_rollout._numpy_envs import NonFinite
+from torch_rollout._spaces import check_action_space, check_obs_space
+
+__all__ = ["TensorInfos", "TorchEnvs", "presents_torch"]
+
+# Where SAME_STEP envs put the observation that ended an episode: gymnasium's name, then ManiSkill3's.
+_FINAL_OBS_KEYS = ("final_obs", "final_observation")
+
+
+def presents_torch(envs: VectorEnv) -> bool:
+    """Whether ``envs`` says its arrays are torch tensors: a ``torch.device`` attribute ``device`` on it or a wrapper.
+
+    torch_rollout's own envs, gymnasium's ``NumpyToTorch`` wrapper and
+    ManiSkill3's ``ManiSkillVectorEnv`` have one.
+    """
+    env: Any = envs
+    while env is not None:
+        target = getattr(env, "_target_xp", None)  # gymnasium's array conversions (NumpyToTorch, JaxToTorch, ...)
+        if target is not None:
+            return "torch" in getattr(target, "__name__", "")
+        if isinstance(getattr(env, "device", None), torch.device):
+            return True
+        inner = getattr(env, "env", None)
+        env = inner if inner is not env else None
+    return False
+
+
+class TorchEnvs:
+    """Drives a vector env of torch tensors on their device, in any autoreset mode, without host syncs.
+
+    The records mean what :class:`~torch_rollout._numpy_envs.NumpyEnvs`' do; their
+    arrays are tensors on the env's device, and ``final`` holds dense rows (of
+    every env; only those of envs that ended are read). Final observations come
+    from ``infos["final_obs"]`` (gymnasium) or ``infos["final_observation"]``
+    (ManiSkill3), as a dense tensor with its ``_`` mask or in gymnasium's
+    per-env layout.
+    """
+
+    acts_at_once = False
+    on_device = True  # torch tensors: rows written with tensor ops on the storage device
+
+    def __init__(self, envs: VectorEnv, *, check_finite: bool, non_finite: NonFinite, env_offset: int) -> None:
+        self.envs = envs
+        self.num_envs = self.width = envs.num_envs
+        self.autoreset_mode = env_autoreset_mode(envs)
+        self.obs_space = envs.single_observation_space
+        check_obs_space(self.obs_space)
+        check_action_space(envs.single_action_space)
+        self.check_finite = check_finite
+        self.non_finite = non_finite
+        self.keep_final = True
+        self.call = "envs.reset()"
+        self.reset_infos: Any = None
+        self.missing_final: Tensor | None = None
+
+    def reset(self, seed: int | None) -> StepRecord:
+        N = self.num_envs
+        self.call = "envs.reset()"
+        obs, self.reset_infos = self.envs.reset(seed=seed)
+        obs = self._check_obs(obs, "envs.reset()")
+        leaf = next(iter(obs.values(True, True))) if isinstance(obs, TensorDictBase) else obs
+        self.device = env = leaf.device
+        if self.check_finite:
+            self._check_finite(obs, "envs.reset()")
+        self.prev_done = torch.zeros(N, dtype=torch.bool, device=env)  # NEXT_STEP: these envs reset next step
+        self.ep_return = torch.zeros(N, dtype=torch.float32, device=env)
+        self.ep_length = torch.zeros(N, dtype=torch.int64, device=env)
+        space = self.envs.single_action_space
+        self.bounds = None
+        if isinstance(space, spaces.Box):  # the env receives actions clipped to its bounds, as on the host
+            low = torch.tensor(np.broadcast_to(space.low, space.shape), device=env)
+            high = torch.tensor(np.broadcast_to(space.high, space.shape), device=env)
+            self.bounds = (low, high)
+        self.action_dtype = torch.from_numpy(np.empty(0, dtype=space.dtype)).dtype
+        self.missing_final = None
+        return StepRecord(obs)
+
+    def send(self, action: Tensor, ids: np.ndarray | None) -> None:
+        action = action.to(self.device, non_blocking=True)
+        if self.bounds is not None:
+            action = torch.clamp(action, *self.bounds)
+        self.action = action.to(self.action_dtype)
+
+    def recv(self) -> StepRecord:
+        self.call = "envs.step()"
+        next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
+        next_obs = self._check_obs(next_obs, "envs.step()")
+        reward = self._step_tensor(reward, "reward", torch.float32)
+        terminated = self._step_tensor(terminated, "terminated", torch.bool)
+        truncated = self._step_tensor(truncated, "truncated", torch.bool)
+        if self.check_finite:
+            self._check_finite(next_obs, "envs.step()")
+            self._check_finite(reward, "envs.step()", name="reward")
+        done = terminated | truncated
+        mode = self.autoreset_mode
+        real = None
+        if mode == AutoresetMode.NEXT_STEP:
+            # This step reset the envs that ended last step: not a real transition.
+            real = ~self.prev_done
+            self.prev_done = done
+            ep_length = self.ep_length + real
+            starts = ~real
+        else:
+            ep_length = self.ep_length + 1
+            starts = done
+        ep_return = self.ep_return + reward
+        self.ep_return = ep_return.masked_fill(done, 0.0)
+        self.ep_length = ep_length.masked_fill(done, 0)
+        final = None
+        if mode != AutoresetMode.NEXT_STEP:
+            if mode == AutoresetMode.SAME_STEP:
+                if self.keep_final or self.check_finite:
+                    final = self._final_obs(next_obs, info, done)
+                    if self.check_finite:
+                        self._check_finite(final, "envs.step() in its final observations", where=done)
+            else:
+                final = next_obs  # DISABLED: what the step returned, before the reset
+                self.call = "envs.reset(options={'reset_mask': ...})"
+                next_obs, _ = self.envs.reset(options={"reset_mask": done})
+                next_obs = self._check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
+            if not self.keep_final:
+                final = None
+        return StepRecord(
+            next_obs, None, reward, terminated, truncated, None, real, ep_return, ep_length, starts, final, info
+        )
+
+    def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> TensorInfos:
+        """Records the named infos of each step as tensors on the storage device."""
+        return TensorInfos(specs, self.num_envs, self.autoreset_mode)
+
+    def check_seed(self, seed: int | None) -> None:
+        pass
+
+    def end_batch(self) -> None:
+        missing, self.missing_final = self.missing_final, None
+        if missing is not None and bool(missing.any()):  # once per batch
+            raise KeyError(
+                "Collector: the env runs in SAME_STEP autoreset mode but its step infos had no final observation "
+                f"({' or '.join(map(repr, _FINAL_OBS_KEYS))}) at a step where an episode ended; a wrapper must "
+                "keep them"
+            )
+
+    # -- what the env returns ------------------------------------------------------------------
+
+    def _check_obs(self, obs: Any, call: str) -> Tensor | TensorDictBase:
+        """The env's observations as a tensor (a TensorDict for Dict spaces), checked by type and shape (no values)."""
+        space = self.obs_space
+        if isinstance(space, spaces.Dict):
+            if not isinstance(obs, Mapping):
+                raise TypeError(
+                    f"Collector: {call} returned {type(obs).__name__} observations, expected a dict of torch "
+                    f"tensors for the Dict space {space!r}"
+                )
+            items = {key: self._check_leaf(obs[key], sub, f"{call} observation {key!r}") for key, sub in space.items()}
+            return TensorDict(items, batch_size=[self.num_envs])
+        return self._check_leaf(obs, space, f"{call} observation")
+
+    def _check_leaf(self, value: Any, space: spaces.Space, what: str) -> Tensor:
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"Collector: {what} is a {type(value).__name__}, expected a torch.Tensor (the env presents torch "
+                "tensors: it has a torch.device attribute `device`)"
+            )
+        shape = (self.num_envs, *(space.shape or ()))
+        if tuple(value.shape) != shape:
+            raise ValueError(f"Collector: {what} has shape {tuple(value.shape)}, expected {shape} of {space!r}")
+        return value
+
+    def _step_tensor(self, value: Any, what: str, dtype: torch.dtype) -> Tensor:
+        if not isinstance(value, Tensor) or tuple(value.shape) != (self.num_envs,):
+            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(
+                f"Collector: envs.step() returned {what} {got}, expected a torch.Tensor of shape ({self.num_envs},)"
+            )
+        return value.to(dtype)
+
+    def _final_obs(self, next_obs: Any, info: Mapping[str, Any], done: Tensor) -> Any:
+        """The observations that ended the episodes of ``done`` (SAME_STEP): from infos, dense over all envs."""
+        for key in _FINAL_OBS_KEYS:
+            final = info.get(key)
+            if final is None:
+                continue
+            if isinstance(final, (Tensor, Mapping)):  # dense: rows of envs that did not end are never read
+                return self._check_obs(final, f"envs.step() infos[{key!r}]")
+            # gymnasium's layout: one entry per env, None where it did not end (read on the host)
+            present = np.asarray(info.get("_" + key, [entry is not None for entry in final]))
+            rows = [final[i] if present[i] else _row(next_obs, i) for i in range(self.num_envs)]
+            stacked = (
+                torch.stack(rows)
+                if isinstance(rows[0], Tensor)
+                else {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
+            )
+            return self._check_obs(stacked, f"envs.step() infos[{key!r}]")
+        # No final observation this step: right only if no env ended, which is checked at the batch's end.
+        self.missing_final = done if self.missing_final is None else self.missing_final | done
+        return next_obs
+
+    def _check_finite(self, value: Any, call: str, *, name: str = "observation", where: Tensor | None = None) -> None:
+        """``check_finite=True``: raises naming the first NaN or inf (a host sync: the price of the check)."""
+        leaves = value.items(True, True) if isinstance(value, TensorDictBase) else [(None, value)]
+        for key, leaf in leaves:
+            if not leaf.is_floating_point():
+                continue
+            bad = ~torch.isfinite(leaf.reshape(self.num_envs, -1)).all(1)
+            if where is not None:
+                bad &= where
+            if bool(bad.any()):
+                env = int(bad.nonzero()[0])
+                row = leaf[env]
+                what = name if key is None else f"{name} {key!r}"
+                self.non_finite(what, env, row.tolist() if row.dim() else row.item(), call)
+
+
+class TensorInfos:
+    """The named infos of each step as tensors ``[T, N, ...]`` with a presence mask ``_key`` per key, on the device.
+
+    Each kept key's value must be a tensor with a leading ``num_envs`` dimension
+    (or a dict of such, stored as a nested TensorDict); its structure (shapes,
+    dtypes, float64 stored as float32) is fixed by the first step's infos. Which
+    infos belong to a row follows the NumPy path: in SAME_STEP mode an env that
+    ended takes the key from ``infos["final_info"]`` where that holds it (with
+    ``infos["_final_info"]`` as the mask of the envs it covers); in NEXT_STEP mode
+    the reset rows' infos are masked out. Presence is ``infos["_" + key]`` where
+    the env gives one, else every env. Absent values are stored as 0 (or False).
+    """
+
+    def __init__(self, specs: Mapping[str, Any], num_envs: int, autoreset_mode: AutoresetMode) -> None:
+        if any(example is not None for example in specs.values()):
+            raise ValueError(
+                "Collector: info_keys examples are for NumPy envs; a vector env of torch tensors gives its infos' "
+                "structure at the first step: name the keys only, e.g. BatchKeys(info_keys=('success',))"
+            )
+        self.keys = list(specs)
+        self.num_envs = num_envs
+        self.same_step = autoreset_mode == AutoresetMode.SAME_STEP
+
+    def _value(self, infos: Mapping[str, Any], key: str) -> Tensor | TensorDictBase | None:
+        value = infos.get(key)
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            value = TensorDict(dict(value), batch_size=[self.num_envs])
+        if not isinstance(value, (Tensor, TensorDictBase)) or value.shape[:1] != (self.num_envs,):
+            got = tuple(value.shape) if isinstance(value, (Tensor, TensorDictBase)) else type(value).__name__
+            raise ValueError(
+                f"Collector: info {key!r} of a vector env of torch tensors must be a tensor (or a dict of tensors) "
+                f"with a leading size of num_envs={self.num_envs}, got {got}"
+            )
+        return value
+
+    def empty_rows(self, infos: Mapping[str, Any], T: int, device: torch.device) -> TensorDict:
+        """Zeroed ``[T, N]`` storage shaped like the first step's infos."""
+        final = infos.get("final_info") or {}
+        rows = {}
+        for key in self.keys:
+            value = self._value(infos, key)
+            if value is None:
+                value = self._value(final, key)
+            if value is None:
+                raise ValueError(
+                    f"Collector: info_keys names {key!r}, but the first step's infos have no such key (they have "
+                    f"{sorted(map(str, infos))}); a vector env of torch tensors gives every kept key at every step"
+                )
+            rows[key] = _zeros_like_rows(value, T, device)
+            rows["_" + key] = torch.zeros((T, self.num_envs), dtype=torch.bool, device=device)
+        return TensorDict(rows, batch_size=[T, self.num_envs], device=device)
+
+    def record(self, rows: TensorDict, t: int, infos: Mapping[str, Any], done: Tensor, real: Tensor | None) -> None:
+        """Writes row ``t``: each key's value where present, 0 elsewhere, and its presence mask."""
+        final = infos.get("final_info") or {}
+        final_mask = infos.get("_final_info")
+        for key in self.keys:
+            value = self._value(infos, key)
+            present = infos.get("_" + key)
+            present = torch.ones_like(done) if present is None else present.to(done.device, torch.bool)
+            if value is None:
+                value, present = rows[key][t], torch.zeros_like(done)
+            if self.same_step:
+                ended = self._value(final, key)
+                if ended is not None:
+                    covered = done if final_mask is None else done & final_mask.to(done.device, torch.bool)
+                    value = _where(covered, ended, value)
+                    present = present | covered
+            if real is not None:
+                present = present & real
+            present = present.to(rows.device)
+            rows[key][t] = _where(present, value.to(rows.device), 0)
+            rows["_" + key][t] = present
+
+
+def _zeros_like_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
+    if isinstance(value, TensorDictBase):
+        return TensorDict(
+            {key: _zeros_like_rows(value[key], T, device) for key in value.keys()},
+            batch_size=[T, *value.batch_size],
+            device=device,
+        )
+    dtype = torch.float32 if value.dtype == torch.float64 else value.dtype
+    return torch.zeros((T, *value.shape), dtype=dtype, device=device)
+
+
+def _where(mask: Tensor, value: Any, other: Any) -> Any:
+    """``torch.where`` over the rows of a tensor or of every leaf of a TensorDict (``mask``: ``[N]``)."""
+    if isinstance(value, TensorDictBase):
+        other_leaf = (lambda key: other[key]) if isinstance(other, TensorDictBase) else (lambda key: other)
+        return TensorDict(
+            {key: _where(mask, value[key], other_leaf(key)) for key in value.keys()}, batch_size=value.batch_size
+        )
+    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)
+
+
+def _row(obs: Any, i: int) -> Any:
+    return obs[i] if isinstance(obs, Tensor) else {key: obs[key][i] for key in obs.keys()}
