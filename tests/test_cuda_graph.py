@@ -22,7 +22,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
-from torch.distributions import Categorical
+from torch.distributions import Categorical, Distribution
 
 from torch_rollout import Collector, CudaGraph, Processes, _compile
 from torch_rollout._compile import acting_call, check_compile_policy
@@ -383,3 +383,20 @@ def test_steady_state_batches_have_no_host_sync(prefetch):
                 next(batches)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+class ReadsBack(LinearPolicy):
+    """Reads a value back to the host at every call: it cannot be recorded."""
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        out = super().forward(obs)
+        out["value"] = out["value"] * float(obs[0, 0].item() > 0)
+        return out
+
+
+@NEEDS_CUDA
+def test_a_forward_that_cannot_be_recorded_is_named():
+    cuda = torch.device("cuda")
+    with pytest.raises(RuntimeError, match=r"compile_policy=CudaGraph\(warmup=3\)\): recording the policy's forward"):
+        collect(cartpole(cuda), ReadsBack().to(cuda), cuda, batches=1, compile_policy=CudaGraph())
+    assert Distribution._validate_args == __debug__  # the argument checks are back on after the capture

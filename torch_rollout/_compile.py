@@ -267,12 +267,14 @@ def _capture(forward: Callable[[], Any], config: CudaGraph, device: torch.device
             with _distribution_checks_off(), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
                 outputs = forward()
         except Exception as exc:
-            cause = exc if exc.__context__ is None else exc.__context__  # a failed capture_end hides the first error
+            # A capture_end that fails after an error in the forward raises its own error, with the first as context.
+            first = exc.__context__
+            cause = _cause(exc) if first is None else f"{_cause(first)}, then {_cause(exc)}"
             raise RuntimeError(
                 f"Collector(compile_policy={config!r}): recording the policy's forward as a CUDA graph failed: "
-                f"{_cause(cause)}; the forward must run on the GPU without reading values back to the host (no "
-                ".item(), bool(tensor), nonzero(), .cpu(), validate_args=True distributions) and without CPU "
-                "tensors, or pass compile_policy=False to act eagerly"
+                f"{cause}; the forward must run on the GPU without reading values back to the host (no .item(), "
+                "bool(tensor), nonzero(), .cpu(), distributions built with validate_args=True), or pass "
+                "compile_policy=False to act eagerly"
             ) from exc
     return graph, outputs
 
