@@ -5,6 +5,9 @@
 #      process backends, CartPole-v1 N=64), compute_gae at 2048x256 against the card's copy bandwidth,
 #      pinned vs pageable upload of one observation batch. JSON in benchmarks/results/gpu.json,
 #      a Markdown table on stdout.
+#   3. benchmarks/torch_envs.py --device cuda --cuda-graph --quick: the torch CartPole tiers on the GPU
+#      (N=256 and 1024), the collector eager and with compile_policy=CudaGraph(). JSON in
+#      benchmarks/results/torch_envs_cuda_quick.json.
 #
 # Usage: bash benchmarks/gpu.sh                 # on a machine with CUDA; elsewhere "no CUDA: skipping", exit 0
 #        bash benchmarks/gpu.sh --cpu-dry-run   # no GPU needed: syntax-checks and runs gpu.py's logic on the CPU
@@ -57,7 +60,7 @@ PY
 fi
 export PYTHONPATH="$root:$here${PYTHONPATH:+:$PYTHONPATH}"
 
-"$py" -m py_compile "$here/gpu.py" "$here/_common.py" "$here/gae.py"
+"$py" -m py_compile "$here/gpu.py" "$here/_common.py" "$here/gae.py" "$here/torch_envs.py"
 "$py" -c 'import torch, torch_rollout; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")'
 
 if [ "$dry_run" = 1 ]; then
@@ -79,5 +82,7 @@ echo "== CUDA tests"
 timeout 240 "$py" -m pytest -q -k cuda -p no:cacheprovider tests/ || status=$?
 echo "== GPU benchmarks"
 PYTHONWARNINGS=ignore timeout 300 "$py" "$here/gpu.py" || status=$?
+echo "== torch CartPole on the GPU, eager and CudaGraph()"
+PYTHONWARNINGS=ignore timeout 180 "$py" "$here/torch_envs.py" --device cuda --cuda-graph --quick || status=$?
 echo "gpu.sh done in $((SECONDS - start)) s (exit $status)"
 exit "$status"

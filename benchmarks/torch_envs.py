@@ -10,6 +10,8 @@ thread and with torch's default:
   ``[T, N]`` tensors, the last row bootstrapped and GAE computed (``compute_gae``): the
   collector's work written out for this env and NEXT_STEP autoreset;
 - ``Collector(envs, policy, backend="thread", prefetch=0)``: the same batches, GAE included;
+- with ``--cuda-graph`` (a CUDA ``--device``), the same collector with ``compile_policy=CudaGraph()``:
+  the policy's forward replayed as a CUDA graph;
 - TorchRL's ``Collector`` on the same dynamics (a small ``EnvBase`` adapter in DISABLED mode, which
   TorchRL resets itself), then its ``GAE`` module on each batch, as in ``collect.py``.
 
@@ -20,6 +22,7 @@ x N. A separate line times end-to-end PPO: ``examples/ppo.py`` with
 Usage::
 
     benchmarks/.venv/bin/python benchmarks/torch_envs.py [--repeats R] [--batches B] [--sizes N ...] [--quick]
+        [--device cuda [--cuda-graph]]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 DEVICE = torch.device("cpu")  # --device
+CUDA_GRAPH = False  # --cuda-graph
 
 
 def _cartpole(num_envs: int, **kwargs: Any) -> Any:
@@ -142,7 +146,7 @@ class HandLoop:
 
 
 class Collecting:
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, compile_policy: Any = False) -> None:
         from torch_rollout import GAE, Collector
 
         self.collector = Collector(
@@ -154,6 +158,7 @@ class Collecting:
             backend="thread",
             prefetch=0,
             gae=GAE(GAMMA, GAE_LAMBDA),
+            compile_policy=compile_policy,
         )
         self.batches = iter(self.collector)
         self.frames = T * num_envs
@@ -248,6 +253,10 @@ def run_size(num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
         "hand-written loop": lambda: HandLoop(num_envs),
         "Collector thread, prefetch=0": lambda: Collecting(num_envs),
     }
+    if CUDA_GRAPH:
+        from torch_rollout import CudaGraph
+
+        factories["Collector thread, prefetch=0, CudaGraph()"] = lambda: Collecting(num_envs, CudaGraph())
     if importlib.util.find_spec("torchrl") is not None and DEVICE.type == "cpu":
         factories["TorchRL Collector + GAE"] = lambda: TorchRL(num_envs)
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
@@ -278,9 +287,15 @@ def main() -> None:
     parser.add_argument("--ppo-steps", type=int, default=500_000, help="env steps of the end-to-end PPO run; 0: skip")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 2 batches, N=256 and 1024, no PPO")
     parser.add_argument("--device", default="cpu", help="where envs, policy and batches live (cuda: no TorchRL)")
+    parser.add_argument(
+        "--cuda-graph", action="store_true", help="also the collector with compile_policy=CudaGraph() (CUDA only)"
+    )
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, CUDA_GRAPH
     DEVICE = torch.device(args.device)
+    CUDA_GRAPH = args.cuda_graph
+    if CUDA_GRAPH and DEVICE.type != "cuda":
+        parser.error(f"--cuda-graph needs a CUDA --device (CUDA graphs run on a GPU), got --device {args.device}")
     if args.quick:
         args.repeats, args.batches, args.sizes, args.ppo_steps = 1, 2, [256, 1024], 0
     quiet_warnings()

@@ -1,6 +1,7 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
 from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
+from torch_rollout._compile import CudaGraph
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
 from torch_rollout._envpool import envpool_envs
 from torch_rollout._envs import gym_envs
@@ -14,6 +15,7 @@ __all__ = [
     "GAE",
     "BatchKeys",
     "Collector",
+    "CudaGraph",
     "DoubleBufferedVectorEnv",
     "Processes",
     "Ray",

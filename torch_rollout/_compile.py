@@ -1,30 +1,66 @@
-"""Compiled acting policies: the policy's calls through ``torch.compile``, every one at ``[num_envs, ...]``."""
+"""Compiled acting policies: the policy's calls through ``torch.compile``, or its forward replayed as a CUDA graph."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
+import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
+from torch.distributions import Distribution
 
 from torch_rollout._loop import PolicyCall, call_policy
 
-__all__ = ["CompiledPolicy", "acting_call", "check_compile_policy"]
+__all__ = ["CompiledPolicy", "CudaGraph", "CudaGraphPolicy", "acting_call", "check_compile_policy"]
 
 # torch.compile modes that record CUDA graphs on a CUDA device (their outputs live in the graphs' memory).
 _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+# torch.cuda.graph: "only one capture may be underway at a time in the process" (two collectors' threads).
+_CAPTURE_LOCK = threading.Lock()
 
 
-def check_compile_policy(compile_policy: Any) -> dict[str, Any] | None:
-    """The ``torch.compile`` keyword arguments that ``compile_policy`` asks for, or None to act eagerly.
+@dataclass(frozen=True)
+class CudaGraph:
+    """``compile_policy=CudaGraph()``: the forward recorded as a CUDA graph at its first call, then replayed.
+
+    No ``torch.compile``: the forward is recorded as it runs eagerly, so random
+    sampling inside it (``Categorical.sample``, ``Normal.rsample``) draws fresh
+    numbers at every replay. Needs a policy acting on a CUDA device. See
+    ``docs/compile.md``.
+
+    Args:
+        warmup: eager calls of the forward on a side stream before it is
+            recorded, as PyTorch's CUDA graph recipe prescribes: they let cuBLAS
+            and lazily built state set themselves up outside the capture.
+
+    Examples:
+        >>> CudaGraph()
+        CudaGraph(warmup=3)
+    """
+
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
+            raise ValueError(
+                "CudaGraph: warmup must be an int >= 1 (eager calls of the forward before it is recorded; default "
+                f"3), got {type(self.warmup).__name__} {self.warmup!r}"
+            )
+
+
+def check_compile_policy(compile_policy: Any) -> dict[str, Any] | CudaGraph | None:
+    """The ``torch.compile`` keyword arguments that ``compile_policy`` asks for, a :class:`CudaGraph`, or None: eager.
 
     Raises:
-        TypeError: for a value that is neither a bool nor a Mapping.
+        TypeError: for a value that is neither a bool, a Mapping nor a :class:`CudaGraph`.
         ValueError: for keyword arguments that ``torch.compile`` refuses (an
             unknown name or backend, ``mode`` together with ``options``).
     """
@@ -32,10 +68,13 @@ def check_compile_policy(compile_policy: Any) -> dict[str, Any] | None:
         return None
     if compile_policy is True:
         return {}
+    if isinstance(compile_policy, CudaGraph):
+        return compile_policy  # its device is checked where the acting policy is built (see CudaGraphPolicy)
     if not isinstance(compile_policy, Mapping) or not all(isinstance(key, str) for key in compile_policy):
         raise TypeError(
             "Collector: compile_policy must be a bool or a dict of torch.compile keyword arguments (e.g. "
-            f"{{'mode': 'reduce-overhead'}}), got {type(compile_policy).__name__} {compile_policy!r}"
+            "{'mode': 'reduce-overhead'}), or torch_rollout.CudaGraph() to replay a CUDA graph of the forward, got "
+            f"{type(compile_policy).__name__} {compile_policy!r}"
         )
     options = dict(compile_policy)
     if "model" in options:
@@ -55,14 +94,23 @@ def _identity(x: Any) -> Any:
 
 
 def acting_call(
-    policy: nn.Module, compile_options: dict[str, Any] | None, *, num_envs: int, obs_key: str, owned: bool
+    policy: nn.Module,
+    compile_options: dict[str, Any] | CudaGraph | None,
+    *,
+    num_envs: int,
+    obs_key: str,
+    owned: bool,
 ) -> Callable[[PolicyCall], Any]:
     """The placement's policy call: :func:`call_policy` on ``policy``, compiled when ``compile_options`` is a dict.
 
-    ``owned``: ``policy`` is the collector's acting copy (see :func:`call_policy`).
+    A :class:`CudaGraph` gives a :class:`CudaGraphPolicy`, which refuses a policy
+    whose weights are not on a CUDA device. ``owned``: ``policy`` is the
+    collector's acting copy (see :func:`call_policy`).
     """
     if compile_options is None:
         return functools.partial(call_policy, policy, obs_key=obs_key, owned=owned)
+    if isinstance(compile_options, CudaGraph):
+        return CudaGraphPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
     return CompiledPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
 
 
@@ -122,6 +170,128 @@ class CompiledPolicy:
         if n < self.num_envs or self.cudagraphs:
             raw = _first_rows(raw, n, clone=self.cudagraphs)
         return raw
+
+
+class CudaGraphPolicy:
+    """Makes the forward calls at ``num_envs`` rows by replaying a CUDA graph of ``policy``'s forward.
+
+    The graph is recorded at the first such call, after ``config.warmup`` eager
+    calls on a side stream, with static copies of that call's inputs
+    (observations, and in recurrent mode the state and ``is_init``). Each call
+    then copies its inputs into them, replays the graph and returns clones of
+    its outputs, since the next replay overwrites the graph's memory. The
+    forward is recorded eagerly (no ``torch.compile``): its random ops draw from
+    the device's generator, whose offset every replay advances, so sampling is
+    fresh at every call. Python in the forward (hooks, prints, branches on
+    values) runs at the recording only.
+
+    Value-only calls (the bootstrap values) and calls with fewer rows (the final
+    observations of the envs that ended, an async pool's ready envs) run
+    eagerly: a few per batch, against one replay per step.
+
+    The graph reads the parameters' and buffers' memory: a refresh copied into
+    them in place is what the next replay computes with. When the policy is not
+    the collector's own copy (``owned=False``: the trainer's module, on the
+    thread with ``prefetch=0``) a parameter or buffer may be replaced; a
+    changed ``data_ptr`` (a host-side read, no sync) then records the graph anew.
+    """
+
+    def __init__(self, policy: nn.Module, config: CudaGraph, *, num_envs: int, obs_key: str, owned: bool) -> None:
+        self.policy = policy
+        self.config = config
+        self.num_envs = num_envs
+        self.obs_key = obs_key
+        self.owned = owned
+        weight = next(_weights(policy), None)
+        if weight is not None:  # a policy without weights is checked at its first call
+            _check_cuda(config, weight.device)
+        self.graph: Any = None
+        self.inputs: PolicyCall | None = None
+        self.outputs: Any = None
+        self.weights: list[Tensor] = []  # what the graph reads, kept alive while it may read them
+        self.pointers: list[int] = []
+
+    def __call__(self, call: PolicyCall) -> Any:
+        if call.value_only or call.obs.shape[0] != self.num_envs:
+            return call_policy(self.policy, call, self.obs_key, owned=self.owned)
+        if self.graph is None or (not self.owned and [t.data_ptr() for t in _weights(self.policy)] != self.pointers):
+            self._record(call)
+        inputs = self.inputs
+        inputs.obs.copy_(call.obs)
+        if call.state is not None:
+            inputs.state.copy_(call.state)
+            inputs.is_init.copy_(call.is_init)
+        self.graph.replay()
+        return _first_rows(self.outputs, self.num_envs, clone=True)
+
+    def _record(self, call: PolicyCall) -> None:
+        self.graph = self.outputs = None  # the previous graph's memory is freed first
+        device = _device(call.obs)
+        _check_cuda(self.config, device)
+        self.inputs = PolicyCall(
+            call.obs.clone(),
+            None if call.state is None else call.state.clone(),
+            None if call.is_init is None else call.is_init.clone(),
+        )
+        self.weights = [t.detach() for t in _weights(self.policy)]
+        self.pointers = [t.data_ptr() for t in self.weights]
+        forward = functools.partial(call_policy, self.policy, self.inputs, self.obs_key, owned=self.owned)
+        self.graph, self.outputs = _capture(forward, self.config, device)
+
+
+def _weights(policy: nn.Module) -> Iterator[Tensor]:
+    return itertools.chain(policy.parameters(), policy.buffers())
+
+
+def _check_cuda(config: CudaGraph, device: torch.device) -> None:
+    if device.type != "cuda":
+        raise ValueError(
+            f"Collector: compile_policy={config!r} replays a CUDA graph of the policy's forward, and CUDA graphs "
+            f"need a CUDA device, but the policy acts on device {str(device)!r}; pass device='cuda' (a Ray worker "
+            "also needs options={'num_gpus': 1}), or compile_policy=False to act eagerly"
+        )
+
+
+def _capture(forward: Callable[[], Any], config: CudaGraph, device: torch.device) -> tuple[Any, Any]:
+    """A ``torch.cuda.CUDAGraph`` of ``forward()`` and its outputs, by PyTorch's recipe: warm-up on a side stream."""
+    with torch.cuda.device(device), torch.no_grad(), _CAPTURE_LOCK:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(config.warmup):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: the trainer's thread may use CUDA meanwhile; only this thread's calls must be capturable.
+            with _distribution_checks_off(), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                outputs = forward()
+        except Exception as exc:
+            # A capture_end that fails after an error in the forward raises its own error, with the first as context.
+            first = exc.__context__
+            cause = _cause(exc) if first is None else f"{_cause(first)}, then {_cause(exc)}"
+            raise RuntimeError(
+                f"Collector(compile_policy={config!r}): recording the policy's forward as a CUDA graph failed: "
+                f"{cause}; the forward must run on the GPU without reading values back to the host (no .item(), "
+                "bool(tensor), nonzero(), .cpu(), distributions built with validate_args=True), or pass "
+                "compile_policy=False to act eagerly"
+            ) from exc
+    return graph, outputs
+
+
+@contextlib.contextmanager
+def _distribution_checks_off() -> Iterator[None]:
+    """torch.distributions' argument checks off, in every thread, for the capture.
+
+    They read values back to the host, which a capture forbids; the warm-up calls
+    ran them, and replays run no Python, so no checks either way.
+    """
+    before = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(before)
 
 
 def _compile(function: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
-from torch_rollout._compile import check_compile_policy
+from torch_rollout._compile import CudaGraph, check_compile_policy
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._loop import add_advantages
@@ -132,7 +132,8 @@ class Collector:
             ``[num_envs, ...]`` tensors or a function ``initial_state(num_envs)``
             returning one; the policy is then called as ``policy(obs, state, is_init)``.
         compile_policy: act through ``torch.compile``: ``True``, or a dict of its
-            keyword arguments; ``False`` (default): eager.
+            keyword arguments; or :class:`CudaGraph`: replay a CUDA graph of the
+            forward (a policy on a CUDA device); ``False`` (default): eager.
 
     Raises:
         TypeError: for an unsupported space or argument type, and for a keyword
@@ -199,7 +200,7 @@ class Collector:
         check_finite: bool = False,
         keys: BatchKeys = BatchKeys(),
         initial_state: TensorDictBase | Callable[[int], TensorDictBase] | None = None,
-        compile_policy: bool | Mapping[str, Any] = False,
+        compile_policy: bool | Mapping[str, Any] | CudaGraph = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
         _check_int("num_steps", num_steps, minimum=1)
