@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# GPU checks of torch_rollout in one go (under 8 minutes on a machine with CUDA):
+# GPU checks of torch_rollout in one go (each step has its own time limit: under 10 minutes in all):
 #   1. the CUDA tests:  python -m pytest -q -k cuda tests/
 #   2. benchmarks/gpu.py: collection with the policy on the GPU (64x64 and 512x512 MLPs, thread and
 #      process backends, CartPole-v1 N=64), compute_gae at 2048x256 against the card's copy bandwidth,
 #      pinned vs pageable upload of one observation batch. JSON in benchmarks/results/gpu.json,
 #      a Markdown table on stdout.
-#   3. benchmarks/torch_envs.py --device cuda --cuda-graph --quick: the torch CartPole tiers on the GPU
-#      (N=256 and 1024), the collector eager and with compile_policy=CudaGraph(). JSON in
-#      benchmarks/results/torch_envs_cuda_quick.json.
+#   3. benchmarks/torch_envs.py --device cuda --cuda-graph: the torch CartPole tiers on the GPU (env
+#      alone, policy alone, serial floor, hand-written loop, the collector eager and with
+#      compile_policy=CudaGraph()) at N = 256 to 65,536, 2 repeats of 4 batches, no PPO line.
 #
 # Usage: bash benchmarks/gpu.sh                 # on a machine with CUDA; elsewhere "no CUDA: skipping", exit 0
 #        bash benchmarks/gpu.sh --cpu-dry-run   # no GPU needed: syntax-checks and runs gpu.py's logic on the CPU
@@ -79,10 +79,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 cd "$root"
 status=0
 echo "== CUDA tests"
-timeout 240 "$py" -m pytest -q -k cuda -p no:cacheprovider tests/ || status=$?
+timeout 150 "$py" -m pytest -q -k cuda -p no:cacheprovider tests/ || status=$?
 echo "== GPU benchmarks"
-PYTHONWARNINGS=ignore timeout 300 "$py" "$here/gpu.py" || status=$?
+PYTHONWARNINGS=ignore timeout 240 "$py" "$here/gpu.py" || status=$?
 echo "== torch CartPole on the GPU, eager and CudaGraph()"
-PYTHONWARNINGS=ignore timeout 180 "$py" "$here/torch_envs.py" --device cuda --cuda-graph --quick || status=$?
+PYTHONWARNINGS=ignore timeout 180 "$py" "$here/torch_envs.py" --device cuda --cuda-graph \
+    --sizes 256 1024 4096 16384 65536 --repeats 2 --batches 4 --ppo-steps 0 || status=$?
 echo "gpu.sh done in $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -16,7 +16,7 @@ import collections
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -27,6 +27,9 @@ from torch_rollout._envs import EnvRecipe, build_envs, check_picklable
 from torch_rollout._script import import_problem, main_globals, main_problem, unguarded_call
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import acting_copy, check_policy_device
+
+if TYPE_CHECKING:
+    from torch_rollout._compile import CudaGraph
 
 __all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
 
@@ -84,7 +87,7 @@ class Backend:
     name: ClassVar[str]
     num_workers: int
 
-    def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | None) -> None:
+    def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | CudaGraph | None) -> None:
         """Refuses ``envs``, ``policy`` or ``compile_options`` that this placement cannot use, naming the fix."""
 
     def default_prefetch(self, device: torch.device) -> int:

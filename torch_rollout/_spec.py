@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDictBase
 
 from torch_rollout._infos import check_info_keys
+
+if TYPE_CHECKING:
+    from torch_rollout._compile import CudaGraph
 
 __all__ = ["BATCH_KEYS", "BatchKeys", "LoopSpec"]
 
@@ -98,7 +101,7 @@ class LoopSpec:
         info_keys: ``{key: example or None}`` of the env infos to keep, or None.
         initial_state: a recurrent policy's initial state of all the collector's
             envs, ``[num_envs, ...]`` on the CPU (each loop takes its rows), or None.
-        compile_options: ``torch.compile`` keyword arguments for acting, or None: eager.
+        compile_options: ``torch.compile`` keyword arguments for acting, a ``CudaGraph``, or None: eager.
         next_obs_key: the batch key of each row's true next observation (``"next_" + obs_key``),
             or None: the batch has none.
     """
@@ -108,5 +111,5 @@ class LoopSpec:
     check_finite: bool
     info_keys: dict[str, Any] | None
     initial_state: TensorDictBase | None
-    compile_options: dict[str, Any] | None
+    compile_options: dict[str, Any] | CudaGraph | None
     next_obs_key: str | None
