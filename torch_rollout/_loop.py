@@ -449,11 +449,8 @@ class RolloutLoop:
 
     def _last_value(self) -> Tensor:
         """The value of the observations the next batch starts with, with the state it starts with (not advanced)."""
-        if self.staging is not None:
-            self.staging.write(slice(None), self.waiting.obs)
-            last_obs = self.staging.tensor.to(self.device, non_blocking=True)
-        else:
-            last_obs = self._waiting_obs(self.device)
+        # Not through the staging row: nothing reads an action back before the next step writes it again.
+        last_obs = self._waiting_obs(self.device)
         if self.initial_state is None:
             call = PolicyCall(last_obs, value_only=True)
         else:
