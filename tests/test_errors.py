@@ -228,6 +228,16 @@ def test_lockstep_policy_on_another_device_is_an_error():
             ValueError,
             "Collector: policy output 'h' has shape (), expected a leading size of 2",
         ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "reward": torch.zeros(obs.shape[0])},
+            ValueError,
+            "Collector: the policy returns ['reward'], keys the collector fills in every batch",
+        ),
+        (
+            lambda obs: {"action": torch.zeros(obs.shape[0], dtype=torch.long), "obs": obs},
+            ValueError,
+            "Collector: the policy returns 'obs', the batch key of the observations (obs_key); rename that output",
+        ),
     ],
     ids=[
         "no-action",
@@ -238,6 +248,8 @@ def test_lockstep_policy_on_another_device_is_an_error():
         "value-shape",
         "not-tensor",
         "scalar",
+        "batch-key",
+        "obs-key",
     ],
 )
 def test_bad_policy_outputs(fn, error, message, prefetch):

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, empty_rows, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
-from torch_rollout._spec import LoopSpec
+from torch_rollout._spec import BATCH_KEYS, LoopSpec
 from torch_rollout.gae import GAE, compute_gae
 
 __all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy", "empty_rows"]
@@ -635,6 +635,17 @@ class RolloutLoop:
                     f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
                 )
         if self.output_keys is None:
+            taken = sorted(str(key) for key in items if key in BATCH_KEYS and key != "action")
+            if taken:
+                raise ValueError(
+                    f"Collector: the policy returns {taken}, keys the collector fills in every batch "
+                    f"({sorted(BATCH_KEYS - {'action'})}); rename those outputs"
+                )
+            if self.obs_key in items:
+                raise ValueError(
+                    f"Collector: the policy returns {self.obs_key!r}, the batch key of the observations (obs_key); "
+                    "rename that output, or pass another BatchKeys(obs_key=...)"
+                )
             if self.initial_state is not None:
                 clash = sorted(str(key) for key in items if key in {_as_tuple(k)[0] for k in self.state_keys})
                 if clash:
