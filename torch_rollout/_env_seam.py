@@ -18,6 +18,7 @@ env returns, and converts the policy's actions for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,6 +75,7 @@ class EnvDriver(Protocol):
     width: int  # envs of one step record: num_envs, or the batch_size of a send/recv pool
     autoreset_mode: AutoresetMode
     acts_at_once: bool  # acts on every env that comes back, also past the batch's end (send/recv pools)
+    on_device: bool  # records of torch tensors (rows written with tensor ops), else NumPy arrays
     keep_final: bool  # the loop needs the final observations (set once the policy's outputs are known)
     call: str  # the env call running or made last, for a stuck loop's report
     reset_infos: Any  # the infos of the last reset, for the info keys' structures
@@ -88,6 +90,14 @@ class EnvDriver(Protocol):
 
     def recv(self) -> StepRecord:
         """The next step record: a step of every env with the actions sent, or the envs that came back."""
+        ...
+
+    def check_seed(self, seed: int | None) -> None:
+        """Warns or raises where ``seed`` cannot reach the envs (an EnvPool seeded when it was made)."""
+        ...
+
+    def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> Any:
+        """The recorder of the named infos of each step, in rows of the records' kind."""
         ...
 
     def end_batch(self) -> None:
