@@ -322,8 +322,6 @@ class RolloutLoop:
             rows = self.acted[ids]
             self.acted[ids] = rows + 1
             places = self._locate(ids, rows, allocate=True)
-            for buffer, sel, flat in places:
-                buffer.put_obs_at(flat, select(record.obs, sel))
             obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
             n = len(ids)
         state = None
@@ -350,6 +348,7 @@ class RolloutLoop:
         if self.storage_device.type == "cpu":
             out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
         for buffer, sel, flat in places:
+            buffer.put_obs_at(flat, select(record.obs, sel))
             buffer.put_acted_at(flat, sel, out_t, version, state)
         if state is not None:
             self.carried[index] = next_state

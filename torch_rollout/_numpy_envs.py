@@ -329,17 +329,23 @@ class SendRecvEnvs(_HostEnvs):
         done = terminated | truncated
         ep_length = self.ep_length[ids] + real
         ep_return = self.ep_return[ids] + reward
-        results = ids[stepped]
-        self.prev_done[results] = done[stepped]
-        self.ep_length[results] = np.where(done, 0, ep_length)[stepped]
-        self.ep_return[results] = np.where(done, 0.0, ep_return)[stepped]
+        if stepped.all():  # the usual case: every env that came back had been sent an action
+            stepped = None
+            self.prev_done[ids] = done
+            self.ep_length[ids] = np.where(done, 0, ep_length)
+            self.ep_return[ids] = np.where(done, 0.0, ep_return)
+        else:
+            results = ids[stepped]
+            self.prev_done[results] = done[stepped]
+            self.ep_length[results] = np.where(done, 0, ep_length)[stepped]
+            self.ep_return[results] = np.where(done, 0.0, ep_return)[stepped]
         return StepRecord(
             obs,
             ids,
             reward,
             terminated,
             truncated,
-            None if stepped.all() else stepped,
+            stepped,
             real,
             ep_return,
             ep_length,
