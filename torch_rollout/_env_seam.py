@@ -51,6 +51,7 @@ class StepRecord:
             ``obs`` (SAME_STEP, DISABLED): dense rows for the device driver, ``(index, rows)`` of the
             envs that ended for the host drivers; None when no episode ended or ``obs`` holds them.
         info: the step's infos as the env returned them.
+        done: ``terminated | truncated``, as the driver computed it.
     """
 
     obs: Any
@@ -65,6 +66,7 @@ class StepRecord:
     starts: Any = None
     final: Any = None
     info: Any = None
+    done: Any = None
 
 
 class EnvDriver(Protocol):

@@ -23,12 +23,12 @@ from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
 from torch_rollout._env_seam import EnvDriver, StepRecord
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, empty_rows, select
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
 from torch_rollout._spec import BATCH_KEYS, LoopSpec
 from torch_rollout.gae import GAE, compute_gae
 
-__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy", "empty_rows"]
+__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy"]
 
 
 @dataclass
@@ -375,7 +375,7 @@ class RolloutLoop:
             if self.infos.structures is None:
                 self.infos.learn(self.driver.reset_infos, record.info)
             info = self.infos.empty_rows(1)
-            self.infos.record(info, 0, record.info, record.terminated | record.truncated, record.real)
+            self.infos.record(info, 0, record.info, record.done, record.real)
             info = {path: array[0] for path, array in info.items()}
         ids, stepped = record.ids, record.stepped
         if stepped is not None:

@@ -186,6 +186,7 @@ class NumpyEnvs(_HostEnvs):
             starts,
             final,
             info,
+            done=done,
         )
 
     def _end_episodes(self, done: np.ndarray, next_obs: Any, info: dict) -> tuple[Any, Any]:
@@ -352,4 +353,5 @@ class SendRecvEnvs(_HostEnvs):
             ~real,
             None,
             info,
+            done=done,
         )

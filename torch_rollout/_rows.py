@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torch_rollout._env_seam import StepRecord
     from torch_rollout._loop import RolloutLoop
 
-__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "empty_rows", "where_rows"]
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "empty_rows", "select"]
 
 # The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
 LOOP_KEYS = {
@@ -44,13 +44,6 @@ def empty_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> 
     if isinstance(value, Tensor):
         return torch.empty((T, *value.shape), dtype=value.dtype, device=device)
     return value.unsqueeze(0).expand(T, *value.batch_size).clone().to(device)
-
-
-def where_rows(mask: Tensor, value: Any, other: Any) -> Any:
-    """``torch.where`` with a ``[N]`` mask over the rows of ``[N, ...]`` tensors or every leaf of TensorDicts."""
-    if isinstance(value, TensorDictBase):
-        return value.apply(lambda v, o: where_rows(mask, v, o), other)
-    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)
 
 
 def _unbind(value: Tensor | TensorDictBase) -> tuple[Tensor, ...] | None:
@@ -242,7 +235,7 @@ class HostRows(_Rows):
                 if infos.structures is None:
                     infos.learn(self.loop.driver.reset_infos, record.info)
                 self.info = infos.empty_rows(self.T)
-            infos.record(self.info, t, record.info, record.terminated | record.truncated, record.real)
+            infos.record(self.info, t, record.info, record.done, record.real)
 
     def put_results_at(self, flat: np.ndarray, record: StepRecord, info: dict | None) -> None:
         """Stores results at flat positions; ``record`` and ``info`` (recorded rows per leaf) hold only theirs."""
@@ -362,11 +355,11 @@ class DeviceRows(_Rows):
         if infos is not None:
             if self.info is None:
                 self.info = infos.empty_rows(record.info, self.T, self.store)
-            infos.record(self.info, index, record.info, record.terminated | record.truncated, record.real)
+            infos.record(self.info, index, record.info, record.done, record.real)
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
         device = self.loop.device
-        final, done = record.final, record.terminated | record.truncated
+        final, done = record.final, record.done
         if self.final_obs is None:
             self.final_obs = empty_obs(self.loop.obs_space, (self.T, self.N), device=device)
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)

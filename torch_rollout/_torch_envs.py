@@ -147,7 +147,7 @@ class TorchEnvs:
             if not self.keep_final:
                 final = None
         return StepRecord(
-            next_obs, None, reward, terminated, truncated, None, real, ep_return, ep_length, starts, final, info
+            next_obs, None, reward, terminated, truncated, None, real, ep_return, ep_length, starts, final, info, done
         )
 
     def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> TensorInfos:
