@@ -71,7 +71,26 @@ def first_batch(policy, *, envs=None, **kwargs):
         (
             {"num_steps": 4, "keys": "obs"},
             TypeError,
-            "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got str 'obs'",
+            "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got str "
+            "'obs'",
+        ),
+        (
+            {"num_steps": 4, "keys": {"next_obs": True}},
+            TypeError,
+            "Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got dict "
+            "{'next_obs': True}; pass keys=torch_rollout.BatchKeys(**{'next_obs': True})",
+        ),
+        (
+            {"num_steps": 4, "device": "gpu"},
+            ValueError,
+            "Collector: device='gpu' is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a torch.device, "
+            "or None",
+        ),
+        (
+            {"num_steps": 4, "device": 1.5},
+            TypeError,
+            "Collector: device must be a torch.device, a device string such as 'cpu', 'cuda' or 'cuda:1', or None, "
+            "got float 1.5",
         ),
         ({"num_steps": 4, "gamma": 1.5}, TypeError, "Collector: gamma= is now gae=torch_rollout.GAE(gamma=1.5)"),
         (
@@ -91,8 +110,9 @@ def first_batch(policy, *, envs=None, **kwargs):
 )
 def test_bad_arguments(kwargs, error, message):
     envs = make_counting_envs(2)
+    kwargs = {"device": "cpu", **kwargs}
     with pytest.raises(error, match=re.escape(message)):
-        Collector(envs, CountingPolicy(), device="cpu", **kwargs)
+        Collector(envs, CountingPolicy(), **kwargs)
     envs.close()
 
 

@@ -255,6 +255,14 @@ def test_envs_of_tensors_that_do_not_say_so_are_named():
         collect(Hidden(envs), LinearPolicy(), backend="thread")
 
 
+def test_a_device_string_on_the_env_says_it_presents_torch_tensors_as_a_torch_device_does():
+    policy = LinearPolicy()
+    expected = collect(make_cartpole(N), policy, backend="thread")
+    envs = make_cartpole(N)
+    envs.device = "cpu"  # as some envs keep it
+    assert_same_batches(collect(envs, policy, backend="thread"), expected)
+
+
 class StepInfos(VectorWrapper):
     """Infos of tensors: the returned cart position and a nested dict; SAME_STEP's final_info holds the ended step's."""
 

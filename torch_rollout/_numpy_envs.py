@@ -132,8 +132,8 @@ class NumpyEnvs(_HostEnvs):
             raise TypeError(
                 f"Collector: envs.reset() returned torch tensors, but {type(self.envs).__name__} does not say that "
                 "it presents torch tensors: give it (or a wrapper of it) the attribute `device`, the torch.device "
-                "of its tensors, as torch_rollout.envs, gymnasium's NumpyToTorch and ManiSkill3's ManiSkillVectorEnv "
-                "have; the collector then keeps its tensors on that device"
+                "(or device string) of its tensors, as torch_rollout.envs, gymnasium's NumpyToTorch and ManiSkill3's "
+                "ManiSkillVectorEnv have; the collector then keeps its tensors on that device"
             )
         self.check_obs(obs, "envs.reset()")
         if self.check_finite:

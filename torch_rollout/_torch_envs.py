@@ -34,7 +34,8 @@ _FINAL_OBS_KEYS = ("final_obs", "final_observation")
 
 
 def presents_torch(envs: VectorEnv) -> bool:
-    """Whether ``envs`` says its arrays are torch tensors: a ``torch.device`` attribute ``device`` on it or a wrapper.
+    """Whether ``envs`` says its arrays are torch tensors: an attribute ``device`` (a ``torch.device`` or a device
+    string such as ``"cpu"``) on it or a wrapper.
 
     torch_rollout's own envs, gymnasium's ``NumpyToTorch`` wrapper and
     ManiSkill3's ``ManiSkillVectorEnv`` have one.
@@ -44,11 +45,24 @@ def presents_torch(envs: VectorEnv) -> bool:
         target = getattr(env, "_target_xp", None)  # gymnasium's array conversions (NumpyToTorch, JaxToTorch, ...)
         if target is not None:
             return "torch" in getattr(target, "__name__", "")
-        if isinstance(getattr(env, "device", None), torch.device):
+        if _is_device(getattr(env, "device", None)):
             return True
         inner = getattr(env, "env", None)
         env = inner if inner is not env else None
     return False
+
+
+def _is_device(device: Any) -> bool:
+    """Whether ``device`` names a torch device: a ``torch.device`` or a string torch parses (``"cuda:0"``)."""
+    if isinstance(device, torch.device):
+        return True
+    if not isinstance(device, str):
+        return False
+    try:
+        torch.device(device)
+    except RuntimeError:
+        return False
+    return True
 
 
 class TorchEnvs:
@@ -185,7 +199,7 @@ class TorchEnvs:
         if not isinstance(value, Tensor):
             raise TypeError(
                 f"Collector: {what} is a {type(value).__name__}, expected a torch.Tensor (the env presents torch "
-                "tensors: it has a torch.device attribute `device`)"
+                "tensors: it has an attribute `device` naming a torch device)"
             )
         shape = (self.num_envs, *(space.shape or ()))
         if tuple(value.shape) != shape:

@@ -215,9 +215,10 @@ class Collector:
                 f"{type(gae).__name__} {gae!r}"
             )
         if not isinstance(keys, BatchKeys):
+            fix = f"; pass keys=torch_rollout.BatchKeys(**{dict(keys)!r})" if isinstance(keys, Mapping) else ""
             raise TypeError(
-                f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=...), got "
-                f"{type(keys).__name__} {keys!r}"
+                f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got "
+                f"{type(keys).__name__} {keys!r}{fix}"
             )
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
@@ -245,7 +246,7 @@ class Collector:
             )
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = _check_device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         chosen = resolve_backend(backend, envs, policy, self.device)
@@ -578,6 +579,22 @@ def _check_same_rank(rank: int, world_size: int, seed: Seed) -> None:
             f"the same number of ranks each loading its own rank's state (or seed=torch_rollout.Seed({seed.value}, "
             f"rank={rank}, world_size={world_size}))"
         )
+
+
+def _check_device(device: Any) -> torch.device:
+    """``device`` as a torch.device; a TypeError or ValueError naming the argument for anything torch cannot parse."""
+    if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        raise TypeError(
+            f"Collector: device must be a torch.device, a device string such as 'cpu', 'cuda' or 'cuda:1', or None, "
+            f"got {type(device).__name__} {device!r}"
+        )
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"Collector: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
+            "torch.device, or None (CUDA when available, else the CPU)"
+        ) from None
 
 
 def _check_int(name: str, x: Any, *, minimum: int) -> None:

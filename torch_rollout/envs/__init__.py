@@ -21,7 +21,9 @@ Examples:
     (torch.Size([4]), torch.Size([4, 4]))
     >>> envs.close()
 
-Both are registered with gymnasium, so an env id makes them too (on the CPU here):
+Both are registered with gymnasium when ``torch_rollout`` is imported, so an env id makes them too (on
+the CPU here); where ``torch_rollout`` may not be imported yet, name the module in the id
+(``"torch_rollout:torch_rollout/CartPole-v1"``) and gymnasium imports it first:
 
     >>> envs = gymnasium.make_vec("torch_rollout/CartPole-v1", num_envs=1024, device="cpu")
     >>> envs.num_envs, envs.device, envs.spec.max_episode_steps
