@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import textwrap
@@ -746,10 +747,12 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         progress.close()
         if is_main:
             logger.close()
-            launcher = f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python"
+            # Absolute paths: the command works from any folder, not only the one the run started in.
+            launcher = f"torchrun --nproc_per_node {world_size}" if world_size > 1 else shlex.quote(sys.executable)
+            script, checkpoint = (shlex.quote(str(path.resolve())) for path in (Path(__file__), checkpoint_path))
             print(
                 f"\ninterrupted in iteration {iteration + 1}; carry on from the last checkpoint with:\n"
-                f"  {launcher} examples/ppo.py --resume {checkpoint_path}",
+                f"  {launcher} {script} --resume {checkpoint}",
                 file=sys.stderr,
             )
         raise SystemExit(130) from None

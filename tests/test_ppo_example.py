@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -334,14 +335,15 @@ def read_steps(run_dir: Path) -> list[int]:
 def test_a_run_stopped_by_ctrl_c_resumes_to_the_same_final_step_with_a_continuous_curve(tmp_path, backend):
     run_dir = tmp_path / "run"
     batch, iterations = 4 * 32, 12
-    args = [f"total_timesteps={batch * iterations}", "num_envs=4", "num_steps=32", f"run_dir={run_dir}"]
+    # Started from tmp_path with a relative run folder: the printed command must work from any other folder.
+    args = [f"total_timesteps={batch * iterations}", "num_envs=4", "num_steps=32", "run_dir=run"]
     args += [f"backend={backend}", "checkpoint_every=2", "prefetch=1"]
     proc = subprocess.Popen(
         [sys.executable, "-W", "error", str(SCRIPT), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
+        cwd=tmp_path,
         start_new_session=True,
     )
     try:
@@ -358,11 +360,14 @@ def test_a_run_stopped_by_ctrl_c_resumes_to_the_same_final_step_with_a_continuou
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 130, err
-    assert "--resume" in err and "checkpoint.pt" in err
+    command = shlex.split(err.split("carry on from the last checkpoint with:\n")[1].splitlines()[0])
+    assert os.path.samefile(command[0], sys.executable)
+    assert command[1:] == [str(SCRIPT.resolve()), "--resume", str((run_dir / "checkpoint.pt").resolve())]
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
     assert 2 <= stopped_at < iterations and stopped_at % 2 == 0
 
-    run_script("--resume", str(run_dir / "checkpoint.pt"))
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)  # another folder
+    assert resumed.returncode == 0, resumed.stderr
     # rows logged after the last checkpoint were logged again by the resumed run, not twice
     assert read_steps(run_dir) == [batch * i for i in range(1, iterations + 1)]
     final = torch.load(run_dir / "checkpoint.pt", weights_only=True)

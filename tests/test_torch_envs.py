@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -520,3 +522,16 @@ def _reset_with(**reset: Any) -> Callable[[], Any]:
 def test_errors_name_the_argument_the_value_and_the_fix(call: Callable[[], Any], error: type, message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         call()
+
+
+def test_the_ids_work_in_a_fresh_interpreter_with_the_module_prefix():
+    """gymnasium has no plugin hook: ``"torch_rollout:torch_rollout/CartPole-v1"`` imports the package first."""
+    script = (
+        "import gymnasium\n"
+        "envs = gymnasium.make_vec('torch_rollout:torch_rollout/CartPole-v1', num_envs=3, device='cpu')\n"
+        "obs, _ = envs.reset(seed=0)\n"
+        "print(type(envs).__name__, tuple(obs.shape))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["CartPole", "(3,", "4)"]
