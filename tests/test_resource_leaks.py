@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tensordict import TensorDict
 
 from torch_rollout import Collector
@@ -64,6 +64,49 @@ def own_objects() -> Counter:
         if (isinstance(module, str) and module.startswith("torch_rollout")) or kind is TensorDict:
             counts[f"{module}.{kind.__qualname__}"] += 1
     return counts
+
+
+def sync_envs() -> SyncVectorEnv:
+    return SyncVectorEnv(faulty_fns(2, episode_length=3))
+
+
+def envpool_async_envs() -> VectorEnv:
+    envpool = pytest.importorskip("envpool")
+    return envpool.make_gymnasium("CartPole-v1", num_envs=4, batch_size=2, seed=1)
+
+
+@pytest.mark.filterwarnings("ignore:.*precision lowered:UserWarning")  # gymnasium on EnvPool's float64 bounds
+@pytest.mark.parametrize("ends", ["end_of_data", "dropped"])
+@pytest.mark.parametrize("make_envs", [sync_envs, envpool_async_envs], ids=["sync", "envpool_async"])
+def test_a_closed_collector_leaves_its_envs_in_no_reference_cycle(make_envs, ends):
+    """Dropped envs are freed at once, not by a later garbage collection that may run in a forked child.
+
+    An EnvPool freed by the garbage collector of a child forked meanwhile (an AsyncVectorEnv's worker)
+    crashes that child with SIGSEGV: it joins threads that only the parent has.
+    """
+    envs = make_envs()
+    kind = type(envs)
+    options = {"num_steps": 4, "device": "cpu", "backend": "thread", "timeout": TIMEOUT}
+    gc.collect()
+    gc.disable()
+    try:
+        if ends == "end_of_data":
+            with Collector(envs, ConstantPolicy(), total_timesteps=24, prefetch=1, **options) as collector:
+                for _ in collector:
+                    pass
+        else:
+            collector = Collector(envs, ConstantPolicy(), prefetch=0, **options)
+            next(iter(collector))
+        envs.close()
+        del envs, collector
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cycled = [obj for obj in gc.garbage if type(obj) is kind]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cycled == []
 
 
 @pytest.mark.slow

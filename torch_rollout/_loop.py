@@ -221,6 +221,17 @@ class RolloutLoop:
         self.seed = seed
         self.reset_pending = True  # set last: a reset already running reads the seed, this one runs again
 
+    def release(self) -> None:
+        """Drops the driver, the envs and the rows acted ahead, once the loop has stopped for good.
+
+        The loop and its driver refer to each other (the driver reports NaNs through the loop, rows read the
+        loop's spaces): without this, the envs would wait in that cycle for the garbage collector, which may run
+        in a child process forked meanwhile, where freeing an EnvPool crashes it.
+        """
+        self.driver = self.envs = self.infos = self.forward = None
+        self.buffers = deque()
+        self.waiting = None
+
     def reset(self) -> None:
         N = self.num_envs
         self.row = None

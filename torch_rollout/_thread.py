@@ -183,6 +183,9 @@ class ThreadPlacement:
             stopped = self._exited
         if stopped and self.owns_envs:
             self.envs.close()
+        if stopped:
+            # Nothing may keep the envs in a reference cycle (see RolloutLoop.release): freed now, not by gc.
+            self.loop.release()
         if stopped or on_own_thread or join_timeout <= 0:
             return None
         return self._stuck_in()
