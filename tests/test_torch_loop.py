@@ -378,6 +378,8 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
         assert (batch["info", "bootstrap"][time_outs] == 2).all()
     exact = ~time_outs & ~batch["done"]
     torch.testing.assert_close(batch["next_value"][:-1][exact[:-1]], batch["value"][1:][exact[:-1]])
+    ended = batch["terminated"]  # no bootstrap; next_value holds V(s_t), as the contract says
+    assert torch.equal(batch["next_value"][ended], batch["value"][ended])
 
 
 @pytest.mark.parametrize("layout", ["3.x", "2.x", "2.x-critic"])
