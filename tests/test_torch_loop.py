@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import types
 from typing import Any
 
 import gymnasium as gym
@@ -316,19 +317,44 @@ def test_cuda_collection_has_no_host_sync_and_matches_the_cpu(mode):
 
 
 class RslRlCartPole:
-    """CartPole stepped the rsl_rl way: observation groups, resets inside step, dones and extras["time_outs"]."""
+    """CartPole stepped the rsl_rl way: observation groups, resets inside step, dones and extras["time_outs"].
 
-    def __init__(self, num_envs: int) -> None:
+    ``layout``: ``"3.x"`` gives a TensorDict of groups; ``"2.x"`` the policy tensor with every group in
+    ``extras["observations"]`` (Isaac Lab up to 2.1), ``"2.x-critic"`` with the critic group only there.
+    ``final_obs``: puts the groups before the same-step reset in ``extras["final_obs"]`` (Isaac Lab's
+    ``compute_final_obs``); ``declares``: ``cfg.compute_final_obs`` on ``unwrapped``, as Isaac Lab's wrapper has it.
+    ``finals`` keeps each step's true final observations and time-outs, for the tests to value by hand.
+    """
+
+    def __init__(self, num_envs: int, *, layout: str = "3.x", final_obs: bool = False, declares: bool = False) -> None:
         self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
         self.num_envs, self.device, self.num_actions = num_envs, self.envs.device, 1
+        self.layout, self.final_obs = layout, final_obs
+        self.unwrapped = types.SimpleNamespace(cfg=types.SimpleNamespace(compute_final_obs=declares))
+        self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.obs, _ = self.envs.reset(seed=0)
 
-    def get_observations(self) -> TensorDict:
-        return TensorDict({"policy": self.obs, "critic": 2 * self.obs}, batch_size=[self.num_envs])
+    def groups(self, obs: torch.Tensor) -> TensorDict:
+        return TensorDict({"policy": obs, "critic": 2 * obs}, batch_size=[self.num_envs])
+
+    def get_observations(self) -> Any:
+        groups = self.groups(self.obs)
+        if self.layout == "3.x":
+            return groups
+        others = {"critic": groups["critic"]} if self.layout == "2.x-critic" else dict(groups.items())
+        return groups["policy"], {"observations": others}
 
     def step(self, actions: torch.Tensor) -> tuple:
-        self.obs, reward, terminated, truncated, _ = self.envs.step((actions[:, 0] > 0).long())
-        return self.get_observations(), reward, terminated | truncated, {"time_outs": truncated}
+        self.obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
+        self.finals.append((infos["final_obs"].clone(), truncated.clone()))
+        extras = {"time_outs": truncated}
+        if self.final_obs:
+            extras["final_obs"] = self.groups(infos["final_obs"])
+        obs = self.get_observations()
+        if self.layout != "3.x":
+            obs, more = obs
+            extras.update(more)
+        return obs, reward, terminated | truncated, extras
 
 
 class GroupPolicy(nn.Module):
@@ -360,13 +386,138 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
         assert (batch["info", "bootstrap"][time_outs] == 2).all()
     exact = ~time_outs & ~batch["done"]
     torch.testing.assert_close(batch["next_value"][:-1][exact[:-1]], batch["value"][1:][exact[:-1]])
+    ended = batch["terminated"]  # no bootstrap; next_value holds V(s_t), as the contract says
+    assert torch.equal(batch["next_value"][ended], batch["value"][ended])
+
+
+@pytest.mark.parametrize("layout", ["3.x", "2.x", "2.x-critic"])
+def test_rsl_rl_style_envs_keep_every_observation_group(layout):
+    """rsl_rl 2.x's critic observations (in extras["observations"]) reach the batch and the critic, as 3.x's do."""
+    policy = GroupPolicy()
+    batch = torch.cat(collect(FromRslRl(RslRlCartPole(N, layout=layout), bootstrap="last_obs"), policy, seed=None))
+    obs = batch["obs"]
+    assert isinstance(obs, TensorDict) and set(obs.keys()) == {"policy", "critic"}
+    assert torch.equal(obs["critic"], 2 * obs["policy"])
+    with torch.no_grad():
+        torch.testing.assert_close(batch["value"], policy.critic(obs["critic"]).squeeze(-1))
+
+
+def test_rsl_rl_2x_groups_missing_at_a_step_and_rsl_rl_1x_are_refused_by_name():
+    class Forgets(RslRlCartPole):
+        def step(self, actions: torch.Tensor) -> tuple:
+            obs, reward, dones, extras = super().step(actions)
+            del extras["observations"]
+            return obs, reward, dones, extras
+
+    class OneX(RslRlCartPole):
+        def step(self, actions: torch.Tensor) -> tuple:
+            obs, reward, dones, extras = super().step(actions)
+            return obs, None, reward, dones, extras
+
+    message = "FromRslRl.step: env.step() returned one tensor, without groups as its observation, but get_"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        collect(FromRslRl(Forgets(N, layout="2.x"), bootstrap="none"), GroupPolicy(), seed=None)
+    message = "FromRslRl.step: env.step() returned 5 values, expected 4, (obs, rewards, dones, extras)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        collect(FromRslRl(OneX(N), bootstrap="none"), GroupPolicy(), seed=None)
+
+
+def _true_final_values(policy: GroupPolicy, env: RslRlCartPole, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[steps, N]`` V(true final observation) of each step, computed eagerly, and the time-outs."""
+    finals = torch.stack([final for final, _ in env.finals[:steps]])
+    time_outs = torch.stack([time_out for _, time_out in env.finals[:steps]])
+    with torch.no_grad():
+        return policy.critic(2 * finals).squeeze(-1), time_outs
+
+
+@pytest.mark.parametrize(
+    ("layout", "declares", "bootstrap"),
+    [
+        pytest.param("3.x", True, None, id="compute_final_obs"),
+        pytest.param("2.x", True, None, id="compute_final_obs-2.x"),
+        pytest.param("3.x", False, "final_obs", id="final_obs"),
+        pytest.param("3.x", True, "none", id="final_obs-over-none"),
+    ],
+)
+def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(layout, declares, bootstrap):
+    """With extras["final_obs"] a time-out's next_value is V(true final observation), labelled exact (0)."""
+    env, policy = RslRlCartPole(N, layout=layout, final_obs=True, declares=declares), GroupPolicy()
+    envs = FromRslRl(env, bootstrap=bootstrap)
+    assert envs.bootstrap == (bootstrap or "final_obs")
+    keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
+    batch = torch.cat(collect(envs, policy, seed=None, keys=keys))
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    assert time_outs.any() and batch["terminated"].any()
+    assert torch.equal(batch["truncated"], time_outs) and not batch["terminated"][time_outs].any()
+    assert not batch["info", "bootstrap"].any()  # every row exact
+    torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+    assert not torch.allclose(batch["next_value"][time_outs], batch["value"][time_outs])  # not V(s_t)
+    finals = torch.stack([final for final, _ in env.finals[: len(batch)]])
+    done = batch["done"]
+    assert torch.equal(batch["next_obs", "policy"][done], finals[done])
+    assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
+
+
+def test_rsl_rl_style_envs_that_promise_final_obs_and_give_none_raise():
+    message = "Collector: the env runs in SAME_STEP autoreset mode but its step infos had no final observation"
+    for envs in (FromRslRl(RslRlCartPole(N), bootstrap="final_obs"), FromRslRl(RslRlCartPole(N, declares=True))):
+        with pytest.raises(KeyError, match=re.escape(message)):
+            collect(envs, GroupPolicy(), seed=None)
 
 
 def test_rsl_rl_style_envs_need_a_bootstrap_choice_and_their_own_seed():
-    with pytest.raises(ValueError, match=re.escape("FromRslRl: bootstrap=None; this env returns the next episode's")):
+    message = "FromRslRl: bootstrap=None, and the env does not say that it gives final observations"
+    with pytest.raises(ValueError, match=re.escape(message)):
         FromRslRl(RslRlCartPole(2))
+    with pytest.raises(ValueError, match=re.escape("FromRslRl: bootstrap='exact', and the env does not say")):
+        FromRslRl(RslRlCartPole(2), bootstrap="exact")
     with pytest.raises(ValueError, match=re.escape("FromRslRl.reset: seed=5, but an rsl_rl-style env is seeded")):
         collect(FromRslRl(RslRlCartPole(N), bootstrap="none"), GroupPolicy(), seed=5)
+
+
+def test_rsl_rl_style_final_obs_in_another_structure_is_named():
+    class PolicyOnly(RslRlCartPole):
+        def step(self, actions: torch.Tensor) -> tuple:
+            obs, reward, dones, extras = super().step(actions)
+            extras["final_obs"] = extras["final_obs"]["policy"]
+            return obs, reward, dones, extras
+
+    message = "FromRslRl.step: extras['final_obs'] holds Tensor, but the observation is the groups ['critic', 'policy']"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        collect(FromRslRl(PolicyOnly(N, final_obs=True), bootstrap="final_obs"), GroupPolicy(), seed=None)
+
+
+class IsaacLabStyle(VectorEnv):
+    """CartPole stepped as Isaac Lab's own env: groups, same-step resets, extras["final_obs"] as a dict of groups."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
+        self.num_envs, self.device = num_envs, self.envs.device
+        self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+        box = self.envs.single_observation_space
+        self.single_observation_space = gym.spaces.Dict({"policy": box, "critic": box})
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.single_action_space, self.action_space = self.envs.single_action_space, self.envs.action_space
+        self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple:
+        obs, _ = self.envs.reset(seed=seed, options=options)
+        return {"policy": obs, "critic": 2 * obs}, {}
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        obs, reward, terminated, time_outs, infos = self.envs.step((actions[:, 0] > 0).long())
+        final = infos["final_obs"]
+        self.finals.append((final.clone(), time_outs.clone()))
+        extras = {"final_obs": {"policy": final, "critic": 2 * final}, "log": {}}
+        return {"policy": obs, "critic": 2 * obs}, reward, terminated, time_outs, extras
+
+
+def test_gymnasium_style_isaac_lab_envs_bootstrap_time_outs_from_their_final_obs():
+    env, policy = IsaacLabStyle(N), GroupPolicy()
+    batch = torch.cat(collect(env, policy))
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    assert time_outs.any() and torch.equal(batch["truncated"], time_outs)
+    torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)

@@ -15,8 +15,8 @@ from torch import Tensor
 
 __all__ = ["BOOTSTRAPS", "FromRslRl"]
 
-# What a time-out bootstraps from when the env gives no final observation.
-BOOTSTRAPS = ("last_obs", "none")
+# What a time-out bootstraps from: the env's final observation, or, where it gives none, an approximation.
+BOOTSTRAPS = ("final_obs", "last_obs", "none")
 
 
 class FromRslRl(VectorEnv):
@@ -25,42 +25,66 @@ class FromRslRl(VectorEnv):
     rsl_rl's ``VecEnv`` (Isaac Lab's ``RslRlVecEnvWrapper``, Genesis and mjlab
     examples) steps as ``step(actions) -> (obs, rewards, dones, extras)`` with
     ``extras["time_outs"]`` and resets ended envs inside ``step``: the observation
-    it returns at an episode end is already the next episode's, and the final
-    observation is gone. A terminated step needs none (it does not bootstrap); a
-    time-out does, and no exact value can be had, so ``bootstrap`` says what to
-    do, and there is no default:
+    it returns at an episode end is already the next episode's. A terminated step
+    needs no final observation (it does not bootstrap); a time-out does, and
+    ``bootstrap`` says where it comes from:
 
-    - ``"last_obs"``: bootstrap from V(s_t), the observation the action was
-      chosen from, instead of V(s_t+1) (what rsl_rl's PPO does). Time-outs are
-      ``truncated`` rows whose ``next_value`` is this approximation.
+    - ``"final_obs"``: from ``extras["final_obs"]``, the observation before the
+      same-step reset, as Isaac Lab gives it with ``compute_final_obs=True`` on
+      the env config: exact. This is the default where the env (or its
+      ``unwrapped`` env) has ``cfg.compute_final_obs`` True; pass it for any other
+      env that fills ``extras["final_obs"]``. A step that ends an episode without
+      it makes the collector raise ``KeyError`` at the batch's end.
+    - ``"last_obs"``: from V(s_t), the observation the action was chosen from,
+      instead of V(s_t+1) (what rsl_rl's PPO does). Time-outs are ``truncated``
+      rows whose ``next_value`` is this approximation.
     - ``"none"``: a time-out ends the episode like a termination (``terminated``
       True, no bootstrap), biasing returns near the time limit down.
 
-    Either way each row says what it got: ``infos["bootstrap"]`` is ``1`` where the
-    row's bootstrap is V(s_t), ``2`` where a time-out was not bootstrapped, ``0``
-    elsewhere (exact); keep it with ``BatchKeys(info_keys=("bootstrap",))``.
-    Observation groups (a TensorDict or dict such as ``{"policy": ..., "critic":
-    ...}``) become a Dict observation. The env steps in SAME_STEP autoreset mode.
-    Seed the wrapped env when you create it: ``reset(seed=...)`` is refused.
+    A step whose extras hold ``"final_obs"`` bootstraps its time-outs from it
+    whatever ``bootstrap`` says: ``"last_obs"`` and ``"none"`` only say what to do
+    with a time-out whose final observation the env does not give. Without a
+    final observation and without ``bootstrap`` the constructor raises.
+
+    Each row says what it got: ``infos["bootstrap"]`` is ``0`` where the row is
+    exact (no time-out, or a time-out bootstrapped from ``extras["final_obs"]``),
+    ``1`` where a time-out bootstrapped from V(s_t), ``2`` where a time-out was not
+    bootstrapped; keep it with ``BatchKeys(info_keys=("bootstrap",))``.
+
+    Observation groups become a Dict observation: rsl_rl 3.x's TensorDict (or
+    dict) such as ``{"policy": ..., "critic": ...}``, and rsl_rl 2.x's layout (the
+    policy observation as a tensor, the other groups in
+    ``extras["observations"]`` of ``get_observations()`` and of every step), whose
+    policy tensor becomes the ``"policy"`` group. rsl_rl 1.x envs (``step``
+    returning privileged observations as a fifth value) are refused. The env
+    steps in SAME_STEP autoreset mode. Seed the wrapped env when you create it:
+    ``reset(seed=...)`` is refused.
 
     Args:
         env: an object with ``num_envs``, ``device``, ``num_actions``,
             ``get_observations()`` and ``step(actions)`` as above (``reset()`` is
             called too where it exists).
-        bootstrap: ``"last_obs"`` or ``"none"`` (see above).
+        bootstrap: ``"final_obs"``, ``"last_obs"`` or ``"none"`` (see above);
+            ``None`` means ``"final_obs"`` where the env has
+            ``cfg.compute_final_obs`` True.
 
     Raises:
-        ValueError: ``bootstrap`` not given or not one of :data:`BOOTSTRAPS`.
+        ValueError: ``bootstrap`` not one of :data:`BOOTSTRAPS`, or ``None`` for an
+            env that does not say it gives final observations.
     """
 
     def __init__(self, env: Any, *, bootstrap: str | None = None) -> None:
+        if bootstrap is None and _computes_final_obs(env):
+            bootstrap = "final_obs"
         if bootstrap not in BOOTSTRAPS:
             raise ValueError(
-                f"FromRslRl: bootstrap={bootstrap!r}; this env returns the next episode's observation at a time-out, "
-                "so a time-out cannot bootstrap from its true next state: pass bootstrap='last_obs' to bootstrap "
-                "from V(s_t) of the step's own observation (what rsl_rl does: an approximation), or "
-                "bootstrap='none' to end time-outs like terminations (no bootstrap); infos['bootstrap'] marks the "
-                "rows either way"
+                f"FromRslRl: bootstrap={bootstrap!r}, and the env does not say that it gives final observations "
+                "(no cfg.compute_final_obs=True on it or on its unwrapped env): it returns the next episode's "
+                "observation at a time-out. For exact bootstraps set compute_final_obs=True on the Isaac Lab env "
+                "config (extras['final_obs']), or pass bootstrap='final_obs' for an env that fills "
+                "extras['final_obs'] itself; otherwise choose an approximation: bootstrap='last_obs' bootstraps "
+                "from V(s_t) of the step's own observation (what rsl_rl does), bootstrap='none' ends time-outs "
+                "like terminations (no bootstrap); infos['bootstrap'] marks the rows either way"
             )
         self.env = env
         self.bootstrap = bootstrap
@@ -68,7 +92,7 @@ class FromRslRl(VectorEnv):
         self.device = torch.device(env.device)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         self.autoreset_mode = AutoresetMode.SAME_STEP
-        obs = self._read(env.get_observations())
+        obs = self._observe()
         if isinstance(obs, dict):
             single = spaces.Dict({key: _box(value) for key, value in obs.items()})
         else:
@@ -79,12 +103,10 @@ class FromRslRl(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.obs = obs
 
-    def _read(self, obs: Any) -> Tensor | dict[str, Tensor]:
-        if isinstance(obs, tuple):  # older rsl_rl: (obs, extras)
-            obs = obs[0]
-        if isinstance(obs, (TensorDictBase, Mapping)):
-            return {key: obs[key] for key in obs.keys()}
-        return obs
+    def _observe(self) -> Tensor | dict[str, Tensor]:
+        got = self.env.get_observations()
+        obs, extras = got if isinstance(got, tuple) else (got, {})  # rsl_rl 2.x: (obs, extras)
+        return _groups(obs, extras)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         if seed is not None:
@@ -97,31 +119,99 @@ class FromRslRl(VectorEnv):
         reset = getattr(self.env, "reset", None)
         if callable(reset):
             reset()
-        self.obs = self._read(self.env.get_observations())
+        self.obs = self._observe()
         return self.obs, {}
 
     def step(self, actions: Tensor) -> tuple[Any, Tensor, Tensor, Tensor, dict[str, Any]]:
         last = self.obs
-        obs, rewards, dones, extras = self.env.step(actions)
-        obs = self._read(obs)
+        result = self.env.step(actions)
+        if len(result) != 4:
+            raise ValueError(
+                f"FromRslRl.step: env.step() returned {len(result)} values, expected 4, (obs, rewards, dones, "
+                "extras) as rsl_rl 2.x and later step; rsl_rl 1.x's (obs, privileged_obs, rewards, dones, infos) "
+                "is not supported: put the privileged observations in extras['observations']['critic'] (rsl_rl "
+                "2.x) or return a TensorDict of groups (rsl_rl 3.x)"
+            )
+        obs, rewards, dones, extras = result
+        obs = self._check_groups(_groups(obs, extras))
         dones = dones.to(torch.bool)
         time_outs = extras.get("time_outs")
         time_outs = torch.zeros_like(dones) if time_outs is None else time_outs.to(torch.bool) & dones
-        if self.bootstrap == "last_obs":
+        final = extras.get("final_obs")
+        if final is not None:
+            final = self._read_final(final)
+        if final is not None or self.bootstrap == "final_obs":
+            terminated, truncated = dones & ~time_outs, time_outs
+            marks = torch.zeros_like(dones, dtype=torch.int8)
+        elif self.bootstrap == "last_obs":
             terminated, truncated = dones & ~time_outs, time_outs
             marks = time_outs.to(torch.int8)
+            final = last
         else:
             terminated, truncated = dones, torch.zeros_like(dones)
             marks = time_outs.to(torch.int8) * 2
-        # The observation a time-out bootstraps from (rows of other envs are never read).
-        infos = {"final_obs": last, "_final_obs": dones, "bootstrap": marks, "_bootstrap": torch.ones_like(dones)}
+            final = last
+        infos: dict[str, Any] = {"bootstrap": marks, "_bootstrap": torch.ones_like(dones)}
+        # Rows of envs that did not end are never read. No final observation at all ("final_obs" without it
+        # from the env): the collector raises at the batch's end if an episode ended at this step.
+        if final is not None:
+            infos["final_obs"], infos["_final_obs"] = final, dones
         self.obs = obs
         return obs, rewards.to(torch.float32), terminated, truncated, infos
+
+    def _check_groups(self, obs: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+        """The step's observation groups, which must be those of ``get_observations()``."""
+        expected, got = _names(self.obs), _names(obs)
+        if got != expected:
+            raise ValueError(
+                f"FromRslRl.step: env.step() returned {got} as its observation, but get_observations() gave "
+                f"{expected}; an rsl_rl 2.x env must put its other groups in extras['observations'] at every step"
+            )
+        return obs
+
+    def _read_final(self, final: Any) -> Tensor | dict[str, Tensor]:
+        """``extras["final_obs"]`` in the observation's structure: a tensor, or a dict (TensorDict) of its groups."""
+        groups = isinstance(final, (Mapping, TensorDictBase))
+        if isinstance(self.obs, Tensor):
+            if groups and "policy" in final.keys():
+                final = final["policy"]
+            if isinstance(final, Tensor):
+                return final
+        elif groups and all(key in final.keys() for key in self.obs):
+            return {key: final[key] for key in self.obs}
+        have = sorted(map(str, final.keys())) if groups else type(final).__name__
+        raise ValueError(
+            f"FromRslRl.step: extras['final_obs'] holds {have}, but the observation is {_names(self.obs)}; the "
+            "final observations must come in the observation's structure, dense over all envs (a tensor, or a "
+            "dict or TensorDict with every group), as Isaac Lab's compute_final_obs gives them"
+        )
 
     def close_extras(self, **kwargs: Any) -> None:
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+
+def _groups(obs: Any, extras: Any) -> Tensor | dict[str, Tensor]:
+    """The observation as a tensor, or a dict of its groups (rsl_rl 3.x's TensorDict; rsl_rl 2.x's extras)."""
+    if isinstance(obs, (TensorDictBase, Mapping)):
+        return {key: obs[key] for key in obs.keys()}
+    others = extras.get("observations") if isinstance(extras, Mapping) else None
+    if others:  # rsl_rl 2.x: the policy observation as a tensor, the other groups in extras["observations"]
+        return {"policy": obs, **{key: value for key, value in others.items() if key != "policy"}}
+    return obs
+
+
+def _names(obs: Tensor | dict[str, Tensor]) -> str:
+    return f"the groups {sorted(obs)}" if isinstance(obs, dict) else "one tensor, without groups"
+
+
+def _computes_final_obs(env: Any) -> bool:
+    """Whether the env, or the env it wraps, has Isaac Lab's ``cfg.compute_final_obs`` set."""
+    for candidate in (env, getattr(env, "unwrapped", None)):
+        if getattr(getattr(candidate, "cfg", None), "compute_final_obs", False) is True:
+            return True
+    return False
 
 
 def _box(value: Tensor) -> spaces.Box:
