@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -159,7 +162,7 @@ def bench_upload(device: str, *, calls: int, pin: bool) -> list[dict[str, Any]]:
     ):
         host = (torch.rand(shape) * 255).to(dtype)
         pinned = host.pin_memory() if pin else host.clone()
-        staging = torch.empty_like(pinned)
+        staging = torch.empty(shape, dtype=dtype, pin_memory=pin)  # empty_like(pinned) would be pageable
         pageable_s = _time(lambda host=host: host.to(device), sync, calls=calls)
         pinned_s = _time(lambda pinned=pinned: pinned.to(device, non_blocking=True), sync, calls=calls)
 
@@ -183,7 +186,9 @@ def bench_upload(device: str, *, calls: int, pin: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def run(*, dry_run: bool, repeats: int | None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    *, dry_run: bool, repeats: int | None, out: Path | None = None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """All three GPU benchmarks on ``cuda`` (on ``cpu``, small and unpinned, with ``dry_run``)."""
     torch.set_num_threads(1)
     if not dry_run and not torch.cuda.is_available():
@@ -196,7 +201,9 @@ def run(*, dry_run: bool, repeats: int | None, log: Callable[[str], None] = prin
     results["gae"] = bench_gae(device, (256, 16) if dry_run else (2048, 256), calls=5 if dry_run else 50)
     log("gpu uploads")
     results["upload"] = bench_upload(device, calls=5 if dry_run else 200, pin=not dry_run)
-    write_json("gpu_quick" if dry_run else "gpu", results)  # *_quick.* is git-ignored
+    path = write_json("gpu_quick" if dry_run else "gpu", results)  # *_quick.* is git-ignored
+    if out is not None:
+        shutil.copy(path, out / "gpu.json")
     return results
 
 
@@ -243,8 +250,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="the same logic on the CPU, small and fast")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="a folder to copy the JSON results into, as gpu.json")
     args = parser.parse_args()
-    print(to_markdown(run(dry_run=args.cpu_dry_run, repeats=args.repeats)))
+    log = functools.partial(print, file=sys.stderr)  # stdout: the Markdown tables only
+    print(to_markdown(run(dry_run=args.cpu_dry_run, repeats=args.repeats, out=args.out, log=log)))
 
 
 if __name__ == "__main__":

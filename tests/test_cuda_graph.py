@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,7 +111,9 @@ def _copy_into(dst: Any, src: Any) -> None:
             _copy_into(dst[key], src[key])
 
 
-def simulated_capture(forward: Any, config: CudaGraph, device: torch.device) -> tuple[SimulatedGraph, Any]:
+def simulated_capture(
+    forward: Any, config: CudaGraph, device: torch.device, generators: list[torch.Generator]
+) -> tuple[SimulatedGraph, Any]:
     graph = SimulatedGraph(forward)
     return graph, graph.outputs
 
@@ -395,8 +398,77 @@ class ReadsBack(LinearPolicy):
 
 
 @NEEDS_CUDA
-def test_a_forward_that_cannot_be_recorded_is_named():
+def test_a_forward_that_cannot_be_recorded_is_named_and_leaves_eager_cuda_working():
     cuda = torch.device("cuda")
-    with pytest.raises(RuntimeError, match=r"compile_policy=CudaGraph\(warmup=3\)\): recording the policy's forward"):
+    with pytest.raises(
+        RuntimeError, match=r"compile_policy=CudaGraph\(warmup=3\)\): recording the policy's forward"
+    ) as info:
         collect(cartpole(cuda), ReadsBack().to(cuda), cuda, batches=1, compile_policy=CudaGraph())
+    assert "random generators are out of capture mode" in str(info.value)
     assert Distribution._validate_args == __debug__  # the argument checks are back on after the capture
+    # The error's advice works in this process: eager random ops on the device, an eager collector that samples.
+    assert torch.rand(1, device=cuda).device.type == "cuda"
+    assert torch.cuda.current_stream(cuda) == torch.cuda.default_stream(cuda)
+    assert len(collect(cartpole(cuda), FixedLogits().to(cuda), cuda, batches=1)) == 1
+
+
+def test_torch_before_2_5_is_refused_for_cuda_graphs(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cu121")
+    with pytest.raises(
+        ValueError, match=re.escape("compile_policy=CudaGraph(warmup=3) needs torch >= 2.5, found torch 2.4.1")
+    ):
+        check_compile_policy(CudaGraph())
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    assert check_compile_policy(CudaGraph()) == CudaGraph()
+
+
+class OwnGenerator(nn.Module):
+    """Samples from a generator of its own: recordable only when the graph registers it."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.critic = _seeded_linear(out_features=1)
+        self.generator = torch.Generator(device=device).manual_seed(1)
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        noise = torch.rand(obs.shape[0], device=obs.device, generator=self.generator)
+        return {"action": (noise < 0.3).long(), "value": self.critic(obs)[:, 0] + noise}
+
+
+def test_the_policy_s_own_generators_are_found():
+    policy = OwnGenerator(torch.device("cpu"))
+    assert _compile._own_generators(policy, torch.device("cpu")) == [policy.generator]
+    assert _compile._own_generators(LinearPolicy(), torch.device("cpu")) == []
+
+
+@NEEDS_CUDA
+def test_a_policy_s_own_generator_draws_fresh_numbers_at_every_replay():
+    cuda = torch.device("cuda")
+    batches = collect(cartpole(cuda), OwnGenerator(cuda).to(cuda), cuda, batches=2, compile_policy=CudaGraph())
+    actions = torch.cat([batch["action"] for batch in batches]).float()
+    assert 0.1 < actions.mean().item() < 0.5  # action 1 with probability 0.3, drawn afresh
+    assert not torch.equal(batches[0]["action"][1], batches[0]["action"][2])
+
+
+@NEEDS_CUDA
+def test_collectors_recording_and_replaying_on_two_threads_at_once():
+    """Random ops of one collector's replays never run while the other records (the capture lock)."""
+    cuda = torch.device("cuda")
+    results: dict[int, Any] = {}
+
+    def run(index: int) -> None:
+        try:
+            results[index] = collect(
+                cartpole(cuda), FixedLogits().to(cuda), cuda, batches=4, compile_policy=CudaGraph()
+            )
+        except BaseException as exc:  # reported below, in the test's thread
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    for index in range(2):
+        assert not isinstance(results.get(index), BaseException), results.get(index)
+        assert len(results[index]) == 4

@@ -129,11 +129,20 @@ def collect(envs: Any, policy: nn.Module, batches: int = 4, **kwargs: Any) -> li
         return list(collector)
 
 
-def assert_same_batches(got: list[TensorDict], expected: list[TensorDict], keys: tuple[str, ...] = KEYS) -> None:
+# Floats a policy or GAE computes: another device sums and fuses them in another order (cuBLAS, nvcc's FMAs).
+COMPUTED = ("value", "next_value", "advantage", "return", "log_prob")
+
+
+def assert_same_batches(
+    got: list[TensorDict], expected: list[TensorDict], keys: tuple[str, ...] = KEYS, *, computed_close: bool = False
+) -> None:
+    """Exact equality; with ``computed_close``, the policy's and GAE's floats within float32 tolerances."""
     assert len(got) == len(expected)
     for b, (g, e) in enumerate(zip(got, expected)):
         for key in keys:
-            torch.testing.assert_close(g[key], e[key], rtol=0, atol=0, msg=lambda m, key=key, b=b: f"{key}, {b}: {m}")
+            exact = not (computed_close and key in COMPUTED)
+            tolerance = dict(rtol=0, atol=0) if exact else {}
+            torch.testing.assert_close(g[key], e[key], **tolerance, msg=lambda m, key=key, b=b: f"{key}, {b}: {m}")
 
 
 # The autoreset modes, SAME_STEP with both names of the final observations (gymnasium's and ManiSkill3's).
@@ -313,7 +322,116 @@ def test_cuda_collection_has_no_host_sync_and_matches_the_cpu(mode):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         got += [next(batches) for _ in range(4 - len(got))]
-    assert_same_batches([b.cpu() for b in got], expected)
+    assert_same_batches([b.cpu() for b in got], expected, computed_close=True)
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+
+
+class SlowPolicy(LinearPolicy):
+    """LinearPolicy behind a queue of GPU work: its actions land late, long after the forward has returned."""
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        if obs.is_cuda:
+            busy = torch.ones(2048, 2048, device=obs.device)
+            for _ in range(20):  # milliseconds of kernels queued before the action's
+                busy = (busy @ busy).clamp_(max=1.0)
+            obs = obs + 0.0 * busy[0, 0]
+        return super().forward(obs)
+
+
+@pytest.mark.parametrize("policy_device", ["cpu", CUDA])
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_cpu_env_steps_on_the_actions_of_a_policy_elsewhere(policy_device, prefetch):
+    """The env on the CPU, the policy on ``policy_device``: re-stepping a twin env with the batch's actions
+    gives the batch's observations (an env that stepped on actions still in flight would not)."""
+    device = torch.device(policy_device)
+    envs = make_cartpole(N)
+    keys = BatchKeys(next_obs=True)
+    options = dict(num_steps=T, device=device, seed=5, backend="thread", prefetch=prefetch, keys=keys, timeout=TIMEOUT)
+    with Collector(envs, SlowPolicy().to(device), total_timesteps=4 * T * N, **options) as collector:
+        batches = [batch.cpu() for batch in collector]
+    twin = make_cartpole(N)
+    obs, _ = twin.reset(seed=5)
+    torch.testing.assert_close(obs, batches[0]["obs"][0], rtol=0, atol=0)
+    for b, batch in enumerate(batches):
+        for t in range(T):
+            obs, *_ = twin.step(batch["action"][t])
+            torch.testing.assert_close(obs, batch["next_obs"][t], rtol=0, atol=0, msg=f"batch {b}, row {t}")
+
+
+@pytest.mark.parametrize("env_device", ["cpu", CUDA])
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_policy_on_the_cpu_bootstraps_from_the_final_observations_of_an_env_elsewhere(env_device, prefetch):
+    """SAME_STEP, the env on ``env_device``, the policy on the CPU: ``next_value`` is the policy's value of the
+    observation each step returned (the final one where an episode ended, from a twin env), recomputed eagerly."""
+    env = torch.device(env_device)
+    envs = CartPole(N, device=env, autoreset_mode=AutoresetMode.SAME_STEP, max_episode_steps=MAX_STEPS)
+    policy = LinearPolicy()
+    keys = BatchKeys(next_obs=True)
+    options = dict(num_steps=T, device="cpu", seed=5, backend="thread", prefetch=prefetch, keys=keys, timeout=TIMEOUT)
+    with Collector(envs, policy, total_timesteps=4 * T * N, **options) as collector:
+        batches = list(collector)
+    twin = CartPole(N, device=env, autoreset_mode=AutoresetMode.SAME_STEP, max_episode_steps=MAX_STEPS)
+    twin.reset(seed=5)
+    ended = 0
+    for b, batch in enumerate(batches):
+        for t in range(T):
+            obs, _, terminated, truncated, infos = twin.step(batch["action"][t].to(env))
+            done = (terminated | truncated).cpu()
+            final = torch.where(done[:, None], infos["final_obs"].cpu(), obs.cpu())
+            ended += int(done.sum())
+            torch.testing.assert_close(batch["next_obs"][t], final, rtol=0, atol=0, msg=f"batch {b}, row {t}")
+        with torch.no_grad():
+            expected = policy(batch["next_obs"].reshape(T * N, -1))["value"].reshape(T, N)
+        torch.testing.assert_close(batch["next_value"], expected)
+    assert ended > 0
+
+
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+class DeviceProbe(LinearPolicy):
+    """LinearPolicy that records the thread's current CUDA device at each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: set[int] = set()
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        self.current.add(torch.cuda.current_device())
+        return super().forward(obs)
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("unindexed", [False, True], ids=["cuda:1", "cuda-after-set_device"])
+def test_a_collector_on_the_second_gpu_stays_there(unindexed, monkeypatch):
+    """Rank 1 of torchrun: env, policy and thread on cuda:1, also when they were given plain ``"cuda"``."""
+    second = torch.device("cuda", 1)
+    previous = torch.cuda.current_device()
+    torch.cuda.set_device(second)
+    try:
+        name = "cuda" if unindexed else second
+        envs = CartPole(N, device=name, max_episode_steps=MAX_STEPS)
+        assert envs.device == second
+        policy = DeviceProbe().to(second)
+        with Collector(
+            envs,
+            policy,
+            num_steps=T,
+            device=name,
+            seed=5,
+            backend="thread",
+            prefetch=1,
+            total_timesteps=2 * T * N,
+            timeout=TIMEOUT,
+        ) as collector:
+            torch.cuda.set_device(0)  # the trainer's thread moves on; the collector's thread stays on cuda:1
+            batches = list(collector)
+    finally:
+        torch.cuda.set_device(previous)
+    assert policy.current == {1}
+    assert all(batch["obs"].device == second and batch["next_value"].device == second for batch in batches)
 
 
 class RslRlCartPole:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -23,8 +24,12 @@ __all__ = ["CompiledPolicy", "CudaGraph", "CudaGraphPolicy", "acting_call", "che
 
 # torch.compile modes that record CUDA graphs on a CUDA device (their outputs live in the graphs' memory).
 _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-# torch.cuda.graph: "only one capture may be underway at a time in the process" (two collectors' threads).
+# torch.cuda.graph: "only one capture may be underway at a time in the process" (two collectors' threads). Replays
+# and the eager calls of a CudaGraphPolicy hold it too: a random op (a replay advances the generator) while another
+# thread records makes that recording fail with "Offset increment outside graph capture".
 _CAPTURE_LOCK = threading.Lock()
+# Until torch 2.5, torch.multinomial (Categorical.sample) read values back to the host: no sampling policy recordable.
+_GRAPH_TORCH = (2, 5)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ def check_compile_policy(compile_policy: Any) -> dict[str, Any] | CudaGraph | No
     if compile_policy is True:
         return {}
     if isinstance(compile_policy, CudaGraph):
+        _check_torch_version(compile_policy)
         return compile_policy  # its device is checked where the acting policy is built (see CudaGraphPolicy)
     if not isinstance(compile_policy, Mapping) or not all(isinstance(key, str) for key in compile_policy):
         raise TypeError(
@@ -91,6 +97,16 @@ def check_compile_policy(compile_policy: Any) -> dict[str, Any] | CudaGraph | No
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def _check_torch_version(config: CudaGraph) -> None:
+    found = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if found is not None and tuple(map(int, found.groups())) < _GRAPH_TORCH:
+        raise ValueError(
+            f"Collector: compile_policy={config!r} needs torch >= {'.'.join(map(str, _GRAPH_TORCH))}, found torch "
+            f"{torch.__version__}, whose torch.multinomial (Categorical.sample) reads values back to the host, which "
+            "a CUDA graph cannot record; upgrade torch, or pass compile_policy=False to act eagerly"
+        )
 
 
 def acting_call(
@@ -213,7 +229,8 @@ class CudaGraphPolicy:
 
     def __call__(self, call: PolicyCall) -> Any:
         if call.value_only or call.obs.shape[0] != self.num_envs:
-            return call_policy(self.policy, call, self.obs_key, owned=self.owned)
+            with _CAPTURE_LOCK:  # its random ops must not run while another collector records
+                return call_policy(self.policy, call, self.obs_key, owned=self.owned)
         if self.graph is None or (not self.owned and [t.data_ptr() for t in _weights(self.policy)] != self.pointers):
             self._record(call)
         inputs = self.inputs
@@ -221,7 +238,8 @@ class CudaGraphPolicy:
         if call.state is not None:
             inputs.state.copy_(call.state)
             inputs.is_init.copy_(call.is_init)
-        self.graph.replay()
+        with _CAPTURE_LOCK:  # a replay advances the random generators' offsets: not while another thread records
+            self.graph.replay()
         return _first_rows(self.outputs, self.num_envs, clone=True)
 
     def _record(self, call: PolicyCall) -> None:
@@ -236,11 +254,21 @@ class CudaGraphPolicy:
         self.weights = [t.detach() for t in _weights(self.policy)]
         self.pointers = [t.data_ptr() for t in self.weights]
         forward = functools.partial(call_policy, self.policy, self.inputs, self.obs_key, owned=self.owned)
-        self.graph, self.outputs = _capture(forward, self.config, device)
+        self.graph, self.outputs = _capture(forward, self.config, device, _own_generators(self.policy, device))
 
 
 def _weights(policy: nn.Module) -> Iterator[Tensor]:
     return itertools.chain(policy.parameters(), policy.buffers())
+
+
+def _own_generators(policy: nn.Module, device: torch.device) -> list[torch.Generator]:
+    """The CUDA generators on ``device`` that the policy's modules hold as attributes (drawn from by its forward)."""
+    found: dict[int, torch.Generator] = {}
+    for module in policy.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Generator) and value.device == device:
+                found.setdefault(id(value), value)
+    return list(found.values())
 
 
 def _check_cuda(config: CudaGraph, device: torch.device) -> None:
@@ -252,16 +280,25 @@ def _check_cuda(config: CudaGraph, device: torch.device) -> None:
         )
 
 
-def _capture(forward: Callable[[], Any], config: CudaGraph, device: torch.device) -> tuple[Any, Any]:
-    """A ``torch.cuda.CUDAGraph`` of ``forward()`` and its outputs, by PyTorch's recipe: warm-up on a side stream."""
+def _capture(
+    forward: Callable[[], Any], config: CudaGraph, device: torch.device, generators: list[torch.Generator]
+) -> tuple[Any, Any]:
+    """A ``torch.cuda.CUDAGraph`` of ``forward()`` and its outputs, by PyTorch's recipe: warm-up on a side stream.
+
+    ``generators``: the policy's own CUDA generators, registered with the graph so that
+    each replay advances them too (the device's default generator always is).
+    """
     with torch.cuda.device(device), torch.no_grad(), _CAPTURE_LOCK:
+        caller = torch.cuda.current_stream()
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             for _ in range(config.warmup):
                 forward()
-        torch.cuda.current_stream().wait_stream(stream)
+        caller.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        for generator in generators:
+            graph.register_generator_state(generator)
         try:
             # thread_local: the trainer's thread may use CUDA meanwhile; only this thread's calls must be capturable.
             with _distribution_checks_off(), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
@@ -270,13 +307,40 @@ def _capture(forward: Callable[[], Any], config: CudaGraph, device: torch.device
             # A capture_end that fails after an error in the forward raises its own error, with the first as context.
             first = exc.__context__
             cause = _cause(exc) if first is None else f"{_cause(first)}, then {_cause(exc)}"
+            torch.cuda.set_stream(caller)  # a capture_end that raised left the capture's stream current
+            del graph
+            restored = _end_capture_mode(device, generators)
             raise RuntimeError(
                 f"Collector(compile_policy={config!r}): recording the policy's forward as a CUDA graph failed: "
                 f"{cause}; the forward must run on the GPU without reading values back to the host (no .item(), "
                 "bool(tensor), nonzero(), .cpu(), distributions built with validate_args=True), or pass "
-                "compile_policy=False to act eagerly"
+                f"compile_policy=False to act eagerly ({restored})"
             ) from exc
     return graph, outputs
+
+
+def _end_capture_mode(device: torch.device, generators: list[torch.Generator]) -> str:
+    """After a failed recording: the random generators it left in capture mode taken out of it; what happened.
+
+    Until torch 2.13 a generator enters capture mode when a recording begins and leaves it
+    only when one ends well: after a failure every eager random op on the device would
+    raise "Offset increment outside graph capture". A tiny recording that ends well,
+    with the same generators, takes them out (later torch versions need nothing).
+    """
+    try:
+        scratch = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        for generator in generators:
+            graph.register_generator_state(generator)
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
+            scratch.add_(1)
+        del graph
+    except Exception as exc:
+        return (
+            f"the device's random generators may be left in capture mode ({_cause(exc)}): start a new process "
+            "before acting eagerly"
+        )
+    return "the device's random generators are out of capture mode: eager random ops work in this process"
 
 
 @contextlib.contextmanager

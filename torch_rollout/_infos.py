@@ -10,6 +10,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
+from torch_rollout._devices import to_device
+
 __all__ = ["EPISODE_STATISTICS", "InfoRecorder", "check_info_keys"]
 
 # The structure of gymnasium's RecordEpisodeStatistics "episode" info (return, length, seconds) for one env,
@@ -197,7 +199,7 @@ class InfoRecorder:
         """The batch's ``info`` entry from host rows."""
         info = TensorDict({}, batch_size=batch_size, device=device)
         for path, array in rows.items():
-            info.set(path, torch.from_numpy(array).to(device, non_blocking=True))
+            info.set(path, to_device(torch.from_numpy(array), device))
         return info
 
     # -- one step ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
+from torch_rollout._devices import copy_into, to_device
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
@@ -454,7 +455,7 @@ class RolloutLoop:
         if not self.on_device:
             return obs_to_tensor(self.obs_space, obs, device)
         stored = empty_obs(self.obs_space, (self.num_envs,), device=device)
-        stored.copy_(obs, non_blocking=True)
+        copy_into(stored, obs)
         return stored
 
     def _last_value(self) -> Tensor:
@@ -519,7 +520,7 @@ class RolloutLoop:
     def _is_init_tensor(self, is_init: np.ndarray | Tensor) -> Tensor:
         if isinstance(is_init, np.ndarray):
             return torch.from_numpy(is_init).to(self.device)
-        return is_init.to(self.device, non_blocking=True)
+        return to_device(is_init, self.device)
 
     def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
         """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
@@ -568,7 +569,7 @@ class RolloutLoop:
             if not starts.any():
                 return carried
             starts = torch.from_numpy(starts)
-        rows = starts.to(self.device, non_blocking=True)
+        rows = to_device(starts, self.device)
 
         def reset(first: Tensor, now: Tensor) -> Tensor:
             return torch.where(rows.view(-1, *(1,) * (now.dim() - 1)), first, now)

@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from torch_rollout._devices import copy_into, to_device
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class _Rows:
             if rows is None:
                 self.outputs[key][t] = value
             else:
-                rows[t].copy_(value, non_blocking=True)
+                copy_into(rows[t], value)
 
     def _batch(self, batch: dict[str, Any]) -> TensorDict:
         """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
@@ -160,7 +161,7 @@ class HostRows(_Rows):
         # Batches on CUDA get observations through a page-locked staging row, reused each step: reading the
         # action back synchronizes with the upload.
         loop.staging.write(slice(None), obs)
-        obs_t = loop.staging.tensor.to(loop.device, non_blocking=True)
+        obs_t = to_device(loop.staging.tensor, loop.device)
         self.obs.tensor[t] = obs_t
         return obs_t
 
@@ -287,7 +288,7 @@ class HostRows(_Rows):
             return self.out  # written in place
         batch: dict[str, Any] = {loop.obs_key: self.obs.tensor, **self.outputs}
         for key, array in self.host.items():
-            batch[key] = torch.from_numpy(array).to(store, non_blocking=True)
+            batch[key] = to_device(torch.from_numpy(array), store)
         if self.info is not None:
             batch["info"] = loop.infos.tensordict(self.info, [T, N], store)
         return self._batch(batch)
@@ -305,7 +306,7 @@ class DeviceRows(_Rows):
         super().__init__(loop)
         T, N, store = self.T, self.N, self.store
         self.out = out
-        keys = [key for key in loop.loop_keys if key != "policy_version"]
+        keys = list(loop.loop_keys)  # policy_version too: filled a row at a time on the device, never uploaded
         if out is None:
             self.obs = empty_obs(loop.obs_space, (T, N), device=store)
             dtypes = {key: torch.from_numpy(np.empty(0, dtype=loop.loop_keys[key])).dtype for key in keys}
@@ -322,7 +323,6 @@ class DeviceRows(_Rows):
         self.rows["mask"].fill_(True)
         self.views = {key: value.unbind(0) for key, value in self.rows.items()}
         self.obs_rows = _unbind(self.obs)
-        self.versions: list[int] = []
         self.final_obs: Obs | None = None
         self.final_mask: Tensor | None = None
         self.final_states: TensorDictBase | None = None
@@ -330,26 +330,26 @@ class DeviceRows(_Rows):
     def put_obs(self, index: int, obs: Any) -> Obs:
         _write_row(self.obs_rows, self.obs, index, obs)
         row = self.obs[index] if self.obs_rows is None else self.obs_rows[index]
-        return row if self.store == self.loop.device else row.to(self.loop.device, non_blocking=True)
+        return row if self.store == self.loop.device else to_device(row, self.loop.device)
 
     def put_acted(
         self, index: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, Tensor] | None
     ) -> None:
         self._put_outputs_row(index, out_t)
-        self.versions.append(version)
+        self.views["policy_version"][index].fill_(version)
         if state is not None:
             self._put_state(index, state[0])
-            self.views["is_init"][index].copy_(state[1], non_blocking=True)
+            copy_into(self.views["is_init"][index], state[1])
 
     def put_results(self, index: int, record: StepRecord) -> None:
         views = self.views
-        views["reward"][index].copy_(record.reward, non_blocking=True)
-        views["terminated"][index].copy_(record.terminated, non_blocking=True)
-        views["truncated"][index].copy_(record.truncated, non_blocking=True)
-        views["episode_return"][index].copy_(record.episode_return, non_blocking=True)
-        views["episode_length"][index].copy_(record.episode_length, non_blocking=True)
+        copy_into(views["reward"][index], record.reward)
+        copy_into(views["terminated"][index], record.terminated)
+        copy_into(views["truncated"][index], record.truncated)
+        copy_into(views["episode_return"][index], record.episode_return)
+        copy_into(views["episode_length"][index], record.episode_length)
         if record.real is not None:
-            views["mask"][index].copy_(record.real, non_blocking=True)
+            copy_into(views["mask"][index], record.real)
         self.filled += self.N
         infos = self.loop.infos
         if infos is not None:
@@ -363,8 +363,8 @@ class DeviceRows(_Rows):
         if self.final_obs is None:
             self.final_obs = empty_obs(self.loop.obs_space, (self.T, self.N), device=device)
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
-        _write_row(None, self.final_obs, t, final.to(device, non_blocking=True))
-        self.final_mask[t].copy_(done, non_blocking=True)
+        _write_row(None, self.final_obs, t, to_device(final, device))
+        copy_into(self.final_mask[t], done)
         if carried is not None:
             if self.final_states is None:
                 self.final_states = empty_rows(carried, self.T, device)
@@ -382,12 +382,9 @@ class DeviceRows(_Rows):
 
     def assemble(self) -> TensorDict:
         loop = self.loop
-        N, store = self.N, self.store
-        policy_version = torch.tensor(self.versions, dtype=torch.int64).unsqueeze(1).repeat(1, N)
         if self.out is not None:
-            self.out["policy_version"].copy_(policy_version)
             return self.out
-        batch = {loop.obs_key: self.obs, **self.outputs, **self.rows, "policy_version": policy_version.to(store)}
+        batch = {loop.obs_key: self.obs, **self.outputs, **self.rows}
         if self.info is not None:
             batch["info"] = self.info
         return self._batch(batch)
@@ -405,6 +402,6 @@ def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, recor
 
 def _write_row(rows: tuple[Tensor, ...] | None, store: Any, t: int, value: Any) -> None:
     if rows is not None:
-        rows[t].copy_(value, non_blocking=True)
+        copy_into(rows[t], value)
     else:
         store[t] = value

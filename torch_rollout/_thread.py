@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._compile import acting_call
+from torch_rollout._devices import indexed
 from torch_rollout._drivers import make_loop
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
@@ -64,6 +65,16 @@ class ThreadPlacement:
         self.envs = envs
         self.runner = runner
         self.owns_envs = owns_envs
+        # The CUDA device the thread makes current at its start (a new thread starts on cuda:0): the policy's, else
+        # the env's ("cuda": the consumer's current device).
+        self.cuda_device = next(
+            (
+                indexed(d)
+                for d in (device, getattr(envs, "device", None))
+                if isinstance(d, torch.device) and d.type == "cuda"
+            ),
+            None,
+        )
         # The acting copy's tensors (owned: the collector's copy, not the trainer's module; see call_policy).
         self.weights = dict(named_weights(runner)) if owned else None
         self.lock = threading.Lock()
@@ -141,6 +152,8 @@ class ThreadPlacement:
 
     def _run(self) -> None:
         _one_intra_op_thread()
+        if self.cuda_device is not None:
+            torch.cuda.set_device(self.cuda_device)  # as torch's pin-memory thread does
         try:
             # Sample as the policy's own default says, whatever interaction type the trainer's thread sets.
             with torch.no_grad(), own_interaction_type():

@@ -22,6 +22,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from torch_rollout._devices import to_device
 from torch_rollout._env_seam import StepRecord
 from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._numpy_envs import NonFinite
@@ -116,7 +117,7 @@ class TorchEnvs:
         return StepRecord(obs)
 
     def send(self, action: Tensor, ids: np.ndarray | None) -> None:
-        action = action.to(self.device, non_blocking=True)
+        action = to_device(action, self.device)  # blocks when the env is on the CPU: it reads the actions at once
         if self.bounds is not None:
             action = torch.clamp(action, *self.bounds)
         self.action = action.to(self.action_dtype)

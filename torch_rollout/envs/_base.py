@@ -13,6 +13,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 from torch import Tensor
 
+from torch_rollout._devices import indexed
+
 __all__ = ["TorchVectorEnv", "mix64"]
 
 # splitmix64's constants as signed int64 (torch has no full uint64 arithmetic); products wrap modulo 2**64.
@@ -174,7 +176,7 @@ class TorchVectorEnv(VectorEnv[Tensor, Tensor, Tensor]):
                 "observations in SAME_STEP mode (e.g. 'final_obs', or 'final_observation' as ManiSkill3 says it)"
             )
         self.final_obs_key = final_obs_key
-        self.device = torch.device(device)
+        self.device = indexed(device)  # "cuda": the current device, fixed now (a thread starts on cuda:0)
         self.metadata = {"render_modes": [], "autoreset_mode": self.autoreset_mode}
         self.render_mode = None
         self.single_observation_space = single_observation_space
