@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
-__all__ = ["copy_into", "indexed", "to_device"]
+__all__ = ["copy_into", "indexed", "is_device", "to_device"]
 
 T = TypeVar("T", Tensor, TensorDictBase)
 
@@ -38,3 +38,16 @@ def indexed(device: torch.device | str | int) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def is_device(device: object) -> bool:
+    """Whether ``device`` names a torch device: a ``torch.device`` or a string torch parses (``"cuda:0"``)."""
+    if isinstance(device, torch.device):
+        return True
+    if not isinstance(device, str):
+        return False
+    try:
+        torch.device(device)
+    except RuntimeError:
+        return False
+    return True

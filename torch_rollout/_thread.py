@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout._compile import acting_call
-from torch_rollout._devices import indexed
+from torch_rollout._devices import indexed, is_device
 from torch_rollout._drivers import make_loop
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
@@ -67,14 +67,7 @@ class ThreadPlacement:
         self.owns_envs = owns_envs
         # The CUDA device the thread makes current at its start (a new thread starts on cuda:0): the policy's, else
         # the env's ("cuda": the consumer's current device).
-        self.cuda_device = next(
-            (
-                indexed(d)
-                for d in (device, getattr(envs, "device", None))
-                if isinstance(d, torch.device) and d.type == "cuda"
-            ),
-            None,
-        )
+        self.cuda_device = _cuda_device(device, getattr(envs, "device", None))
         # The acting copy's tensors (owned: the collector's copy, not the trainer's module; see call_policy).
         self.weights = dict(named_weights(runner)) if owned else None
         self.lock = threading.Lock()
@@ -208,6 +201,14 @@ class ThreadPlacement:
         frame = sys._current_frames().get(self.thread.ident)
         frames = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else ""
         return f"{self.loop.call}, at:\n{frames}"
+
+
+def _cuda_device(*devices: Any) -> torch.device | None:
+    """The first of ``devices`` that is a CUDA device (a torch.device or a device string), with its index."""
+    for device in devices:
+        if is_device(device) and torch.device(device).type == "cuda":
+            return indexed(device)
+    return None
 
 
 def _one_intra_op_thread() -> None:

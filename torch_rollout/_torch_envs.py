@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from torch_rollout._devices import to_device
+from torch_rollout._devices import is_device, to_device
 from torch_rollout._env_seam import StepRecord
 from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._numpy_envs import NonFinite
@@ -46,24 +46,11 @@ def presents_torch(envs: VectorEnv) -> bool:
         target = getattr(env, "_target_xp", None)  # gymnasium's array conversions (NumpyToTorch, JaxToTorch, ...)
         if target is not None:
             return "torch" in getattr(target, "__name__", "")
-        if _is_device(getattr(env, "device", None)):
+        if is_device(getattr(env, "device", None)):
             return True
         inner = getattr(env, "env", None)
         env = inner if inner is not env else None
     return False
-
-
-def _is_device(device: Any) -> bool:
-    """Whether ``device`` names a torch device: a ``torch.device`` or a string torch parses (``"cuda:0"``)."""
-    if isinstance(device, torch.device):
-        return True
-    if not isinstance(device, str):
-        return False
-    try:
-        torch.device(device)
-    except RuntimeError:
-        return False
-    return True
 
 
 class TorchEnvs:
