@@ -8,6 +8,14 @@ index of the slot it was written to, an error. At set-up a worker sends its
 policy's weights are one shared-memory copy that the trainer refreshes in
 place, under one lock per worker, so no forward pass sees two versions and
 workers never wait for one another.
+
+Every wait on the other side has a way out when it is gone. The trainer waits
+for messages together with each worker's process sentinel; it takes a
+worker's weights lock in short turns with a liveness check between them (a
+worker killed inside its forward pass never releases it); its sends to a dead
+worker fail at once. It reads a slot only once its worker has sent the slot's
+index, after writing it whole. A worker waits only on the trainer (its pipe,
+its lock), and exits as soon as the trainer's process is gone.
 """
 
 from __future__ import annotations
