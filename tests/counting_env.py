@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import gymnasium as gym
@@ -76,6 +77,38 @@ class SeedEnv(CountingEnv):
 
     def _obs(self) -> np.ndarray:
         return np.array([self.seed_given, self.episode, self.t, self.last_action], dtype=np.float64)
+
+
+class SeedLogEnv(CountingEnv):
+    """CountingEnv that appends the seed of each seeded reset to ``<log_dir>/env<index>``: every reset it saw."""
+
+    def __init__(self, env_id: int = 0, *, log_dir: str) -> None:
+        super().__init__(env_id)
+        self.log_path = os.path.join(log_dir, f"env{env_id}")
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            with open(self.log_path, "a") as f:
+                f.write(f"{seed}\n")
+        return super().reset(seed=seed, options=options)
+
+
+def make_seed_log_envs(num_envs: int, start_index: int = 0, *, log_dir: str) -> SyncVectorEnv:
+    """SeedLogEnvs ``start_index ..`` logging to ``log_dir``; with ``functools.partial`` a recipe for any placement."""
+    return SyncVectorEnv([partial(SeedLogEnv, start_index + i, log_dir=log_dir) for i in range(num_envs)])
+
+
+def logged_seeds(log_dir: str, num_envs: int) -> list[list[int]]:
+    """The seeds of every seeded reset that each of envs ``0 .. num_envs - 1`` saw, in order."""
+    seeds = []
+    for j in range(num_envs):
+        path = os.path.join(log_dir, f"env{j}")
+        if not os.path.exists(path):
+            seeds.append([])
+            continue
+        with open(path) as f:
+            seeds.append([int(line) for line in f.read().split()])
+    return seeds
 
 
 def make_seed_envs(num_envs: int, start_index: int = 0) -> SyncVectorEnv:

@@ -29,6 +29,7 @@ __all__ = [
     "GC_GO",
     "ActionEchoEnv",
     "BadObsVectorEnv",
+    "BlockingPolicy",
     "ConstantPolicy",
     "CountingEnv",
     "CountingPolicy",
@@ -51,10 +52,12 @@ __all__ = [
     "make_vec",
     "open_fds",
     "os_threads",
+    "read_pid",
     "rss_bytes",
     "take",
     "wait_until",
     "warm_up_multiprocessing",
+    "write_pid",
 ]
 
 AUTORESET_MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
@@ -172,13 +175,24 @@ class FaultyEnv(gym.Env):
     - ``"sigkill"``: the process kills itself with SIGKILL (an AsyncVectorEnv worker only).
     - ``"nan_obs"``, ``"inf_obs"``, ``"nan_reward"``, ``"inf_reward"``: that value.
     - ``"obs_shape"``: an observation of shape (4,) instead of (3,).
+
+    ``marker``: a file that the fault writes its process's pid to, just before it happens.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, index: int = 0, *, fault: str | None = None, at: int = 1, episode_length: int = 5) -> None:
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        fault: str | None = None,
+        at: int = 1,
+        episode_length: int = 5,
+        marker: str | None = None,
+    ) -> None:
         self.index = index
         self.fault = fault
+        self.marker = marker
         self.at = at
         self.episode_length = episode_length
         self.observation_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -203,6 +217,8 @@ class FaultyEnv(gym.Env):
         self.t += 1
         obs, reward = self._obs(), 1.0
         if self.steps == self.at:
+            if self.marker is not None:
+                write_pid(self.marker)
             if self.fault == "step_raises":
                 raise EnvFault(f"step {self.steps} of env {self.index} failed")
             if self.fault == "step_blocks":
@@ -346,6 +362,24 @@ class BadObsVectorEnv(VectorEnv):
 # -- policies --------------------------------------------------------------------------------------
 
 
+def write_pid(path: str) -> bool:
+    """Writes this process's pid to a new file ``path``; False (nothing written) when the file exists already."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def read_pid(path: str, timeout: float = 60.0) -> int:
+    """The pid that :func:`write_pid` wrote to ``path``, waiting for it at most ``timeout`` s."""
+    assert wait_until(lambda: os.path.exists(path) and os.path.getsize(path) > 0, timeout), f"{path} never written"
+    with open(path) as f:
+        return int(f.read())
+
+
 class ConstantPolicy(nn.Module):
     """Action 0 and value 0 for every env; ``make`` overrides what the outputs look like.
 
@@ -481,6 +515,28 @@ def close_envs(envs: Any) -> None:
     """Closes the vector env a test gave the thread; worker processes close the envs they built themselves."""
     if isinstance(envs, VectorEnv):
         envs.close()
+
+
+class BlockingPolicy(ConstantPolicy):
+    """ConstantPolicy that, in its ``block_at``-th call in a process, blocks "forever" (until killed).
+
+    Only the first process to get there blocks: it writes its pid to ``<marker_dir>/inside`` on entering
+    (:func:`write_pid`). Every process writes its pid to ``<marker_dir>/pid-<pid>`` at its first call.
+    """
+
+    def __init__(self, marker_dir: str, *, block_at: int | None = None) -> None:
+        super().__init__()
+        self.marker_dir = marker_dir
+        self.block_at = block_at
+        self.calls = 0
+
+    def forward(self, obs: Any) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        if self.calls == 1:
+            write_pid(os.path.join(self.marker_dir, f"pid-{os.getpid()}"))
+        if self.calls == self.block_at and write_pid(os.path.join(self.marker_dir, "inside")):
+            time.sleep(600)  # "forever" for the collector; bounded so that a broken test cannot hang the suite
+        return super().forward(obs)
 
 
 def collect_error(envs: Any, policy: nn.Module | None = None, **kwargs: Any) -> pytest.ExceptionInfo:

@@ -10,9 +10,12 @@ error.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import re
 import signal
+import sys
+import threading
 import traceback
 import warnings
 
@@ -21,9 +24,10 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from torch_rollout import Collector
 
-from placements import PLACEMENTS, envs_for
+from placements import PLACEMENTS, envs_for, local_ray, on_ray
 from reliability_envs import (
     BLOCK_RELEASE,
+    BlockingPolicy,
     ConstantPolicy,
     EnvFault,
     PolicyFault,
@@ -34,6 +38,7 @@ from reliability_envs import (
     faulty_fns,
     faulty_vec,
     make_vec,
+    read_pid,
     take,
     wait_until,
     warm_up_multiprocessing,
@@ -267,3 +272,89 @@ def test_async_env_error_reaches_consumer_when_warnings_are_errors(placement):
     # The worker's traceback (the env's step) is shown with it, and the env is named.
     assert "reliability_envs.py" in "".join(traceback.format_exception(info.value))
     assert "(raised by env 1)" in getattr(info.value, "__notes__", [])
+
+
+# Where a worker is killed (T = 4 steps a batch, one env per worker; prefetch=1 collects batch 2 ahead):
+# (prefetch, the policy's call that blocks, the env step that blocks); "refresh": as "forward", but the
+# trainer is already waiting in update_policy() for the worker's weights lock when the worker dies.
+# The policy's 5th call acts on the observations after step 4: batch 1's next_value; its 6th is batch 2's.
+KILL_POINTS = {
+    "forward": (1, 6, None),  # inside its policy's forward pass of batch 2, holding its weights lock
+    "refresh": (1, 6, None),
+    "env_step": (1, None, 5),  # inside an env's step (the first of batch 2)
+    "slot": (1, None, 8),  # batch 2's last env step: its slot written but for the last row's results
+    "idle": (0, None, None),  # done with batch 1, waiting for the next request
+}
+WORKER_DEATH = {
+    "process": r"Collector: worker process [01] \(pid {pid}, envs [01]\.\.[01]\) was killed by SIGKILL while "
+    r"collecting",
+    "ray": r"Collector: Ray worker [01] \(actor [0-9a-f]+, pid {pid}, node [\d.]+, envs [01]\.\.[01]\) died while "
+    r"collecting",
+}
+
+
+def in_refresh(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside a placement's weight refresh."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "refresh":
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.ray(point=("forward", "env_step", "idle"), timeout=(None,))
+@pytest.mark.parametrize("timeout", [None, TIMEOUT], ids=["no-timeout", "timeout"])
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+@pytest.mark.parametrize("placement", [param for param in PLACEMENTS if param.id in ("process2", "ray2")])
+def test_a_worker_killed_at_any_point_is_reported_at_once(placement, point, timeout, tmp_path):
+    """SIGKILL (the OOM killer's signal) to a worker, wherever it is: the next next() names it, without a hang."""
+    prefetch, block_call, block_step = KILL_POINTS[point]
+    backend = placement["backend"]
+    if on_ray(placement):
+        local_ray()
+    marker = str(tmp_path / "inside")
+    envs = functools.partial(
+        faulty_vec,
+        faulty_index=1,
+        **({"fault": "step_blocks", "at": block_step, "marker": marker, "episode_length": 100} if block_step else {}),
+    )
+    collector = Collector(
+        envs,
+        BlockingPolicy(str(tmp_path), block_at=block_call),
+        num_envs=2,
+        num_steps=4,
+        prefetch=prefetch,
+        device="cpu",
+        timeout=timeout,
+        backend=backend,
+    )
+    outcome: list[BaseException | None] = []
+
+    def second_next() -> None:
+        try:
+            next(collector)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=second_next, daemon=True)  # daemon: a regression fails instead of hanging
+    try:
+        next(collector)
+        pid = read_pid(marker if point != "idle" else glob.glob(str(tmp_path / "pid-*"))[0])
+        if point == "refresh":
+            waiter.start()
+            assert wait_until(lambda: in_refresh(waiter), TIMEOUT), "next() never asked for the worker's lock"
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            waiter.start()
+        waiter.join(5.0)
+        assert not waiter.is_alive(), f"next() still waits 5 s after worker pid {pid} was killed ({point})"
+    finally:
+        if not waiter.is_alive():
+            collector.close()
+    (error,) = outcome
+    assert isinstance(error, RuntimeError), error
+    assert re.match(WORKER_DEATH[backend.name].format(pid=pid), str(error)), str(error)
+    assert collector.closed

@@ -443,18 +443,17 @@ def test_policy_error_in_a_worker_reaches_next(placement, named):
 
 @pytest.mark.ray
 @pytest.mark.parametrize("placement", WORKER_PLACEMENTS)
-def test_error_while_building_envs_is_raised_by_the_constructor(placement):
+def test_error_while_building_envs_is_raised_by_the_constructor_and_in_the_first_reset_by_next(placement):
+    """The workers build their envs at construction, but reset them at the first batch only."""
     if on_ray(placement):
         local_ray()  # its workers import the tests' env modules
+    kwargs = dict(num_envs=2, num_steps=4, timeout=TIMEOUT, **placement)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'episode_lenght'"):
+        Collector(gym_envs(FAULTY, episode_lenght=5), ConstantPolicy(), **kwargs)
+    collector = Collector(gym_envs(FAULTY, fault="reset_raises"), ConstantPolicy(), **kwargs)
     with pytest.raises(EnvFault, match=re.escape("reset 1 of env 0 failed")):
-        Collector(
-            gym_envs(FAULTY, fault="reset_raises"),
-            ConstantPolicy(),
-            num_envs=2,
-            num_steps=4,
-            timeout=TIMEOUT,
-            **placement,
-        )
+        next(collector)
+    assert collector.closed
     if not on_ray(placement):  # Ray keeps its own pool of worker processes
         assert wait_until(lambda: not workers(), 5.0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch.distributed
 
 from torch_rollout import Collector, Seed
 
-from counting_env import CountingPolicy, make_seed_envs
+from counting_env import CountingPolicy, logged_seeds, make_seed_envs, make_seed_log_envs
 from placements import PLACEMENTS, envs_for
 from reliability_envs import close_envs
 
@@ -70,6 +71,46 @@ def test_every_placement_seeds_its_shares_from_the_rank_keyed_stream(placement):
     assert fresh == [VALUE + N + j for j in range(N)]
     resumed, _ = first_batch(placement, seed, state)
     assert resumed == [VALUE + 3 * N + j for j in range(N)]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_no_env_is_reset_before_the_iteration_and_each_seed_once_fresh_and_resumed(placement, tmp_path):
+    """The envs see the resets they get (not only the batches): none at construction, one per start of the stream."""
+    seed, n = Seed(100, rank=1, world_size=2), 2
+    state = None
+    for k, log in enumerate(["never", "fresh", "resumed"]):
+        log_dir = tmp_path / log
+        log_dir.mkdir()
+        envs, extra = envs_for(placement, functools.partial(make_seed_log_envs, log_dir=str(log_dir)), n)
+        try:
+            with Collector(
+                envs, CountingPolicy(), num_steps=T, seed=seed, device="cpu", timeout=TIMEOUT, **placement, **extra
+            ) as collector:
+                assert logged_seeds(str(log_dir), n) == [[], []], "an env was reset at construction"
+                if state is not None:
+                    collector.load_state_dict(state)
+                    assert logged_seeds(str(log_dir), n) == [[], []], "an env was reset by load_state_dict"
+                if log != "never":
+                    next(collector)
+                    state = collector.state_dict()
+        finally:
+            close_envs(envs)
+        # rank 1 of 2: start 0 resets with 102, 103; start 1 with 106, 107
+        expected = [] if log == "never" else [[100 + ((k - 1) * 2 + 1) * n + j] for j in range(n)]
+        assert logged_seeds(str(log_dir), n) == (expected or [[], []]), log
+
+
+def test_a_state_of_another_seed_value_is_refused_naming_both_and_the_fix():
+    _, state = thread_batch(Seed(VALUE, rank=1, world_size=2))
+    with pytest.raises(ValueError, match=re.escape(f"saved by a collector with seed={VALUE}, but this collector has")):
+        thread_batch(Seed(VALUE + 1, rank=1, world_size=2), state)
+    with pytest.raises(ValueError, match=re.escape(f"(seed=torch_rollout.Seed({VALUE}, rank=1, world_size=2))")):
+        thread_batch(Seed(VALUE + 1, rank=1, world_size=2), state)
+    # another stream on purpose: the state without its seed; this collector's own stream, from its next part
+    resumed, again = thread_batch(Seed(VALUE + 1, rank=1, world_size=2), {**state, "seed": None})
+    assert resumed == [VALUE + 1 + 3 * N + j for j in range(N)]
+    assert again["seed"] == VALUE + 1 and again["starts"] == 2
 
 
 def test_an_int_seed_is_keyed_by_the_rank_of_an_initialised_process_group(monkeypatch):

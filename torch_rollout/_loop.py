@@ -180,7 +180,7 @@ class RolloutLoop:
         self.obs_space = self.envs.single_observation_space
         self.infos = None if spec.info_keys is None else driver.info_recorder(spec.info_keys, env_offset)
         self.on_device = driver.on_device  # records of torch tensors: rows written with tensor ops
-        self.reset_pending = False
+        self.reset_pending = True  # the first collect() resets the envs: no env call before the iteration
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
         self.in_policy = False

@@ -111,7 +111,7 @@ class Backend:
         seed_step: int,
         timeout: float | None,
     ) -> Placement:
-        """Builds and returns the running placement (a remote one has its envs built and reset by then).
+        """Builds and returns the running placement (a remote one has its envs built by then, not reset).
 
         Env ``j`` is reset with ``seed + j``; envs built anew later (Ray's restarts) take the
         next parts of the rank's seed stream, ``seed_step`` (``world_size * num_envs``) apart.

@@ -8,6 +8,14 @@ index of the slot it was written to, an error. At set-up a worker sends its
 policy's weights are one shared-memory copy that the trainer refreshes in
 place, under one lock per worker, so no forward pass sees two versions and
 workers never wait for one another.
+
+Every wait on the other side has a way out when it is gone. The trainer waits
+for messages together with each worker's process sentinel; it takes a
+worker's weights lock in short turns with a liveness check between them (a
+worker killed inside its forward pass never releases it); its sends to a dead
+worker fail at once. It reads a slot only once its worker has sent the slot's
+index, after writing it whole. A worker waits only on the trainer (its pipe,
+its lock), and exits as soon as the trainer's process is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ __all__ = ["ProcessPlacement", "check_shared_memory"]
 _VERSION, _STOP = 0, 1
 # How long close() waits for a worker to exit by itself before it is terminated.
 _EXIT_WAIT = 5.0
+# A refresh waits for a worker's weights lock in turns this long, checking between them that the worker lives.
+_LOCK_TURN = 0.1
 # Where torch keeps the shared memory of tensors (share_memory_()) on Linux: a tmpfs, 64 MB in a Docker container.
 _SHM_DIR = "/dev/shm"
 
@@ -103,7 +113,8 @@ class ProcessPlacement(RemotePlacement):
         prefetch: batches a worker may collect ahead; it keeps ``prefetch + 1`` slots.
         device: where batches are delivered (and where workers run the policy).
         seed: env ``j`` is seeded ``seed + j``.
-        startup_timeout: seconds to wait for the workers to build and reset their envs.
+        startup_timeout: seconds to wait for the workers to build their envs (the collector's ``timeout``),
+            and for a worker's forward pass to end before a weight refresh.
 
     Before any batch it checks that the workers' slots fit in /dev/shm (at
     least their observations, actions and the loop's own keys), and refuses
@@ -129,6 +140,7 @@ class ProcessPlacement(RemotePlacement):
         startup_timeout: float | None,
     ) -> None:
         super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
+        self.timeout = startup_timeout  # the collector's timeout: also how long a refresh waits for a forward pass
         ctx = _context()
         self.weights = dict(named_weights(shared_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -163,10 +175,8 @@ class ProcessPlacement(RemotePlacement):
                 child_end.close()
                 self.conns.append(parent_end)
                 self.processes.append(process)
-            # Each worker reports its envs once they are built and reset (or the error that stopped it).
-            self.autoreset_mode = self._await_ready(
-                startup_timeout, "the worker processes did not build and reset their envs"
-            )
+            # Each worker reports once its envs are built (or the error that stopped it); its first batch resets them.
+            self.autoreset_mode = self._await_ready(startup_timeout, "the worker processes did not build their envs")
             # Before the first batch: the slots are allocated then, and torch's error would not say why or what helps.
             rows = sum(self._row_bytes[k] * count for k, (_, count) in enumerate(self.shares))
             check_shared_memory(
@@ -187,12 +197,12 @@ class ProcessPlacement(RemotePlacement):
 
     def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the shared copy's ``dst`` and publishes a new version, no worker in a forward pass."""
-        if self.control is None:  # closed: the shared copy went with the workers
+        if self.control is None or self._failure is not None:  # closed (the shared copy went with the workers)
             return
         # Ctrl-C waits: the locks are taken one call at a time, and one left held would stall its worker.
         with sigint_deferred(), ExitStack() as stack:
-            for lock in self.locks:
-                stack.enter_context(lock)
+            if not self._lock_all(stack):
+                return  # a worker died or is stuck: wait() reports it, and no batch comes after it
             self.control[_VERSION] += 1
             if dst:
                 torch._foreach_copy_(dst, src)
@@ -200,9 +210,32 @@ class ProcessPlacement(RemotePlacement):
     def set_version(self, version: int) -> None:
         """Counts versions on from ``version`` (a resumed collector's), before the first batch."""
         with sigint_deferred(), ExitStack() as stack:
-            for lock in self.locks:
-                stack.enter_context(lock)
+            self._lock_all(stack)
             self.control[_VERSION] = version
+
+    def _lock_all(self, stack: ExitStack) -> bool:
+        """Takes every worker's weights lock onto ``stack``; False when a worker died or is stuck first.
+
+        A worker holds its lock during each forward pass: one killed inside it (the OOM killer's SIGKILL) never
+        releases it. So each lock is waited for in short turns, checking between them that its worker lives,
+        and for at most the collector's ``timeout``; a dead or stuck worker becomes ``_failure``.
+        """
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        for k, lock in enumerate(self.locks):
+            while not lock.acquire(timeout=_LOCK_TURN):
+                if self.processes[k].exitcode is not None:
+                    self._failure = self._death(k, "batch")
+                    return False
+                if deadline is not None and time.monotonic() > deadline:
+                    start, count = self.shares[k]
+                    self._failure = TimeoutError(
+                        f"Collector: no batch within timeout={self.timeout} s; worker process {k} (pid "
+                        f"{self.processes[k].pid}, envs {start}..{start + count - 1}) did not finish its policy's "
+                        "forward() for a weight refresh: the policy is stuck; the collector is closed"
+                    )
+                    return False
+            stack.callback(lock.release)
+        return True
 
     # -- batches -------------------------------------------------------------------------------
 

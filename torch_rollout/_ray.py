@@ -165,14 +165,14 @@ class RayPlacement(RemotePlacement):
             self.autoreset_mode = self._await_ready(
                 startup_timeout,
                 "the Ray workers were not placed (Ray waits until a node offers the resources of Ray(options=...)) "
-                "or did not build and reset their envs",
+                "or did not build their envs",
             )
         except BaseException:
             self.close(0.0)
             raise
 
     def _start(self, k: int) -> Any:
-        """Creates worker ``k``'s actor and asks it to build and reset its envs; returns the ref of its answer."""
+        """Creates worker ``k``'s actor and asks it to build its envs (not reset them); returns its answer's ref."""
         start, count = self.shares[k]
         seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.seed_step
         self.actors[k] = actor = self._actor_class.remote()

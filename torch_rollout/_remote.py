@@ -2,7 +2,7 @@
 
 A remote placement (worker processes, Ray actors) asks each of its ``K``
 workers for its share of every batch and gathers one message per worker:
-``("ready", info)`` once its envs are built and reset, then one per batch, or
+``("ready", info)`` once its envs are built (they are reset by its first batch), then one per batch, or
 ``("error", exception, traceback_text)``. :class:`RemotePlacement` keeps what has
 arrived, the first failure, and the results for the consumer; a subclass only
 says how to wait for its workers' messages and how to put their shares
@@ -116,7 +116,7 @@ class RemotePlacement:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
 
     def _await_ready(self, timeout: float | None, waiting_for: str) -> AutoresetMode:
-        """Gathers every worker's ``("ready", info)`` (its envs built and reset); returns their autoreset mode.
+        """Gathers every worker's ``("ready", info)`` (its envs built); returns their autoreset mode.
 
         ``waiting_for`` ends the TimeoutError's message ``the workers did not ... within timeout=``.
         """
@@ -187,9 +187,9 @@ def worker_loop(
 ) -> RolloutLoop:
     """A worker's loop over its share of the envs (the first is global env ``start_index``), batches on the CPU.
 
-    The envs are reset before it returns.
+    The envs are not reset here: the first batch resets them, after any reseed (a resumed collector's).
     """
-    loop = make_loop(  # the driver of the envs' kind
+    return make_loop(  # the driver of the envs' kind
         envs,
         forward,
         spec,
@@ -199,8 +199,6 @@ def worker_loop(
         stop=stop,
         env_offset=start_index,
     )
-    loop.reset()
-    return loop
 
 
 def worker_rng_seed(k: int, restart: int = 0) -> int:

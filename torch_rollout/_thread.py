@@ -115,7 +115,7 @@ class ThreadPlacement:
     # -- batches -------------------------------------------------------------------------------
 
     def reseed(self, seed: int | None) -> None:
-        # Before the first request: the thread has at most reset the envs, and does so again first thing.
+        # Before the first request: the thread has not touched the envs yet; its first batch resets them.
         self.loop.reseed(seed)
 
     def request(self) -> None:
@@ -150,8 +150,7 @@ class ThreadPlacement:
         try:
             # Sample as the policy's own default says, whatever interaction type the trainer's thread sets.
             with torch.no_grad(), own_interaction_type():
-                self.loop.reset()
-                while True:
+                while True:  # the first batch resets the envs (with a resumed collector's seeds, if reseeded)
                     self._credits.get()
                     if self.stop.is_set():
                         return

@@ -479,14 +479,16 @@ class Collector:
         (one rank: ``seed + k * num_envs + j``), so a resumed run never replays
         the episodes its earlier parts began with, nor those of another rank.
         Pass the same ``seed`` as before to continue the same stream; each rank
-        loads the state that its own rank saved.
+        loads the state that its own rank saved. The envs are built when the
+        collector is, but not reset until the iteration starts: that first
+        reset is the resumed one, so each seed of the stream is used once.
 
         Raises:
             RuntimeError: once collection has started (``iter()`` or ``next()``), or on a closed collector.
             ValueError: for a state that is not a :meth:`state_dict`, was saved
-                with another ``num_steps * num_envs``, or (both seeded) by another
-                rank or world size: a state without ``rank`` and ``world_size``
-                (of an earlier release) is rank 0 of 1.
+                with another ``num_steps * num_envs``, or (both seeded) with
+                another seed value, rank or world size: a state without ``rank``
+                and ``world_size`` (of an earlier release) is rank 0 of 1.
         """
         if self.closed:
             raise RuntimeError("Collector.load_state_dict: the collector is closed; create a new Collector")
@@ -514,6 +516,7 @@ class Collector:
                 f"{self.num_steps} * {self.num_envs} = {now}; resume with the same batch size"
             )
         if self.seed is not None and state.get("seed") is not None:
+            _check_same_stream(state["seed"], self.seed)
             _check_same_rank(state.get("rank", 0), state.get("world_size", 1), self.seed)
         self._placement.set_version(state["policy_version"])
         self._delivered = self._resumed = state["batches"]
@@ -566,6 +569,18 @@ class Collector:
             f"num_envs={getattr(self, 'num_envs', None)}, num_steps={getattr(self, 'num_steps', None)}, "
             f"device={getattr(self, 'device', None)}, prefetch={getattr(self, 'prefetch', None)}, "
             f"autoreset_mode={getattr(getattr(self, 'autoreset_mode', None), 'value', None)}, closed={self.closed})"
+        )
+
+
+def _check_same_stream(value: Any, seed: Seed) -> None:
+    """Refuses a state saved with another seed value: its ``starts`` count parts of another stream."""
+    if value != seed.value:
+        raise ValueError(
+            f"Collector.load_state_dict: the state was saved by a collector with seed={value!r}, but this collector "
+            f"has seed={seed.value} ({seed}); its count of starts belongs to that seed stream, so resuming on another "
+            f"could reset envs with seeds the saved run or another rank already used: resume with the saved run's "
+            f"seed (seed=torch_rollout.Seed({value!r}, rank={seed.rank}, world_size={seed.world_size})), or, to "
+            "begin another seed stream on purpose, load the state with its 'seed' entry set to None"
         )
 
 
