@@ -239,7 +239,7 @@ def test_a_small_dev_shm_is_refused_by_the_constructor_with_the_fixes(tmp_path):
 
     # Refused before any batch is collected: the constructor raises, with the numbers and the fixes.
     assert slots["raised_by"] == "Collector", slots
-    assert slots["seconds"] < 10.0  # the forkserver's and the workers' start on a loaded 2-core machine
+    assert slots["seconds"] < 60.0  # no wait for a batch: only the workers' start, even on a loaded 2-core machine
     needed = 2 * 32 * 4 * (2**16 + 8 + 27)  # slots x T x N x (obs + int64 action + the collector's keys)
     message = slots["error"]
     assert (
