@@ -26,8 +26,8 @@ from torch import nn
 from torch.distributions import Categorical, Distribution
 
 from torch_rollout import Collector, CudaGraph, Processes, _compile
+from torch_rollout._acting import PolicyCall, call_policy
 from torch_rollout._compile import acting_call, check_compile_policy
-from torch_rollout._loop import PolicyCall, call_policy
 from torch_rollout.envs import CartPole
 
 T, N = 7, 6

@@ -1,13 +1,12 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
 from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
-from torch_rollout._compile import CudaGraph
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
 from torch_rollout._envpool import envpool_envs
 from torch_rollout._envs import gym_envs
 from torch_rollout._placement import Processes, Ray, Thread
 from torch_rollout._seed import Seed
-from torch_rollout._spec import BatchKeys
+from torch_rollout._spec import BatchKeys, CudaGraph
 from torch_rollout.collector import Collector
 from torch_rollout.gae import GAE, compute_gae
 

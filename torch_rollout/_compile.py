@@ -9,7 +9,6 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +17,8 @@ from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.distributions import Distribution
 
-from torch_rollout._loop import PolicyCall, call_policy
+from torch_rollout._acting import PolicyCall, call_policy
+from torch_rollout._spec import CudaGraph
 
 __all__ = ["CompiledPolicy", "CudaGraph", "CudaGraphPolicy", "acting_call", "check_compile_policy"]
 
@@ -30,35 +30,6 @@ _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 _CAPTURE_LOCK = threading.Lock()
 # Until torch 2.5, torch.multinomial (Categorical.sample) read values back to the host: no sampling policy recordable.
 _GRAPH_TORCH = (2, 5)
-
-
-@dataclass(frozen=True)
-class CudaGraph:
-    """``compile_policy=CudaGraph()``: the forward recorded as a CUDA graph at its first call, then replayed.
-
-    No ``torch.compile``: the forward is recorded as it runs eagerly, so random
-    sampling inside it (``Categorical.sample``, ``Normal.rsample``) draws fresh
-    numbers at every replay. Needs a policy acting on a CUDA device. See
-    ``docs/compile.md``.
-
-    Args:
-        warmup: eager calls of the forward on a side stream before it is
-            recorded, as PyTorch's CUDA graph recipe prescribes: they let cuBLAS
-            and lazily built state set themselves up outside the capture.
-
-    Examples:
-        >>> CudaGraph()
-        CudaGraph(warmup=3)
-    """
-
-    warmup: int = 3
-
-    def __post_init__(self) -> None:
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
-            raise ValueError(
-                "CudaGraph: warmup must be an int >= 1 (eager calls of the forward before it is recorded; default "
-                f"3), got {type(self.warmup).__name__} {self.warmup!r}"
-            )
 
 
 def check_compile_policy(compile_policy: Any) -> dict[str, Any] | CudaGraph | None:

@@ -15,9 +15,10 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
+from torch_rollout._acting import Forward
 from torch_rollout._env_seam import EnvDriver
 from torch_rollout._envpool import check_envpool
-from torch_rollout._loop import Forward, RolloutLoop
+from torch_rollout._loop import RolloutLoop
 from torch_rollout._numpy_envs import NumpyEnvs, SendRecvEnvs, is_async_pool
 from torch_rollout._spec import LoopSpec
 from torch_rollout._torch_envs import TorchEnvs, presents_torch

@@ -6,100 +6,29 @@ and how its batches travel. The loop knows no kind of env: it talks to one
 through a driver (:mod:`torch_rollout._env_seam`), which turns what the env
 returns into step records, and it writes them into rows of the records' kind
 (:mod:`torch_rollout._rows`). GAE is not computed here: the consumer runs it on
-its device from the ``value`` and ``next_value`` rows (see :func:`add_advantages`).
+its device from the ``value`` and ``next_value`` rows (see :func:`torch_rollout.gae.add_advantages`). How
+the policy is called and what it must return is :mod:`torch_rollout._acting`'s.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
-from torch import Tensor, nn
+from torch import Tensor
 
+from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout._devices import copy_into, to_device
 from torch_rollout._env_seam import EnvDriver, StepRecord
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, select
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
-from torch_rollout._spec import BATCH_KEYS, LoopSpec
-from torch_rollout.gae import GAE, compute_gae
+from torch_rollout._spec import LoopSpec
 
-__all__ = ["Forward", "PolicyCall", "RolloutLoop", "Stopped", "add_advantages", "call_policy"]
-
-
-@dataclass
-class PolicyCall:
-    """One call of the policy that the loop asks its placement to make (see :func:`call_policy`).
-
-    ``state`` and ``is_init`` are set in recurrent mode only. ``value_only``
-    marks a bootstrap: only the value is wanted, and ``policy.get_value`` is
-    called instead of the forward when the policy has one.
-    """
-
-    obs: Obs
-    state: TensorDictBase | None = None
-    is_init: Tensor | None = None
-    value_only: bool = False
-
-
-# The placement's policy call: a PolicyCall on the policy's device -> (raw outputs, weights version).
-Forward = Callable[[PolicyCall], "tuple[Any, int]"]
-
-
-def call_policy(
-    policy: nn.Module,
-    call: PolicyCall,
-    obs_key: str = "obs",
-    functions: tuple[Callable[..., Any], Callable[..., Any] | None] | None = None,
-    *,
-    owned: bool = False,
-) -> Any:
-    """Makes ``call`` on ``policy`` in eval mode, and puts back the modes its modules had.
-
-    The forward is ``policy(obs)``, or ``policy(obs, state, is_init)`` in
-    recurrent mode; a value-only call uses ``policy.get_value`` with the same
-    arguments when it exists. A TensorDictModule gets one TensorDict with
-    ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
-    state's entries at their own keys), as TorchRL's recurrent modules read it.
-    ``functions``: ``(forward, get_value or None)`` called instead of the
-    policy's own (its compiled ones, see ``torch_rollout._compile``).
-    ``owned`` marks the collector's own acting copy, which is in eval mode from
-    its creation on: its modes are then neither read nor switched.
-    """
-    # Acting is inference whatever the trainer's module is doing: no dropout, no BatchNorm statistics
-    # updated, in every placement (the thread with prefetch=0 acts with the trainer's module itself).
-    # The flags are set as nn.Module.train sets them, but without nn.Module.__setattr__, which made the switch
-    # and back 4x to 7x dearer (the example's Agent, 2-core machine: 67 us against 18 us at a load of 4).
-    # Walking the modules costs ~10 us a call even when none is training, so a copy nobody else
-    # touches is left as it is.
-    training = [] if owned else [module for module in policy.modules() if module.training]
-    for module in training:
-        object.__setattr__(module, "training", False)
-    try:
-        if functions is None:
-            method = getattr(policy, "get_value", None) if call.value_only else None
-            function = policy if method is None else method
-        else:
-            function = functions[1] if call.value_only and functions[1] is not None else functions[0]
-        if isinstance(policy, TensorDictModuleBase):
-            entries: dict[str, Any] = {obs_key: call.obs}
-            if call.state is not None:
-                entries["is_init"] = call.is_init.unsqueeze(-1)
-            td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
-            if call.state is not None:
-                td.update(call.state)
-            return function(td)
-        if call.state is None:
-            return function(call.obs)
-        return function(call.obs, call.state, call.is_init)
-    finally:
-        for module in training:
-            object.__setattr__(module, "training", True)
+__all__ = ["RolloutLoop", "Stopped"]
 
 
 class Stopped(Exception):
@@ -165,7 +94,6 @@ class RolloutLoop:
     ) -> None:
         self.driver = driver
         self.envs = driver.envs
-        self.forward = forward
         self.num_steps = spec.num_steps
         self.num_envs = driver.num_envs
         self.device = device
@@ -183,24 +111,36 @@ class RolloutLoop:
         self.reset_pending = True  # the first collect() resets the envs: no env call before the iteration
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
-        self.in_policy = False
-        self.has_value: bool | None = None
-        self.value_key = "value"  # or TorchRL's "state_value", when the policy returns that instead
-        self.output_keys: list[str] | None = None
-        self.loop_keys = LOOP_KEYS
+        self.outputs: OutputLayout | None = None  # the policy's outputs, once its first call told them
+        loop_keys = LOOP_KEYS
         self.initial_state = None
-        initial_state = spec.initial_state
-        if initial_state is not None:
-            self.loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
-            rows = initial_state[env_offset : env_offset + self.num_envs]
-            self.initial_state = rows.to(device).clone()
-            self.state_keys = list(rows.keys(include_nested=True, leaves_only=True))
+        if spec.initial_state is not None:
+            loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
+            self.initial_state = spec.initial_state[env_offset : env_offset + self.num_envs].to(device).clone()
+        self.acting = Acting(
+            forward,
+            device=device,
+            obs_key=self.obs_key,
+            next_obs_key=self.next_obs_key,
+            initial_state=self.initial_state,
+        )
+        self.layout = RowLayout(
+            num_steps=self.num_steps,
+            num_envs=self.num_envs,
+            device=device,
+            storage_device=self.storage_device,
+            obs_key=self.obs_key,
+            obs_space=self.obs_space,
+            next_obs_key=self.next_obs_key,
+            loop_keys=loop_keys,
+            state_keys=None if self.initial_state is None else tuple(self.acting.state_keys),
+        )
         driver.check_seed(seed)
 
     @property
     def call(self) -> str:
         """The env or policy call the loop is in or made last, for a stuck thread's report."""
-        return "the policy's forward()" if self.in_policy else self.driver.call
+        return "the policy's forward()" if self.acting.in_policy else self.driver.call
 
     def min_row_bytes(self) -> int:
         """Bytes that one row of a batch (one env, one step) takes at least, before the policy has run.
@@ -212,7 +152,7 @@ class RolloutLoop:
         state = 0
         if self.initial_state is not None:
             state = sum(t[0].nbytes for _, t in self.initial_state.items(include_nested=True, leaves_only=True))
-        own = sum(np.dtype(dtype).itemsize for dtype in self.loop_keys.values())
+        own = sum(np.dtype(dtype).itemsize for dtype in self.layout.loop_keys.values())
         obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
         return obs + space_nbytes(self.envs.single_action_space) + own + state
 
@@ -229,7 +169,7 @@ class RolloutLoop:
         loop's spaces): without this, the envs would wait in that cycle for the garbage collector, which may run
         in a child process forked meanwhile, where freeing an EnvPool crashes it.
         """
-        self.driver = self.envs = self.infos = self.forward = None
+        self.driver = self.envs = self.infos = self.acting = None
         self.buffers = deque()
         self.waiting = None
 
@@ -282,7 +222,9 @@ class RolloutLoop:
         return out
 
     def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:
-        return DeviceRows(self, out) if self.on_device else HostRows(self, out)
+        if self.on_device:
+            return DeviceRows(self.layout, out, outputs=self.outputs, infos=self.infos)
+        return HostRows(self.layout, out, outputs=self.outputs, infos=self.infos, staging=self.staging)
 
     def _interact(self) -> None:
         """Acts on the observations waiting, then takes the driver's next step record and writes its results.
@@ -306,6 +248,8 @@ class RolloutLoop:
             self.waiting = record
             t = self.step - 1 - self.first_row
             head = self.buffers[0]
+            if not self.on_device:
+                self._learn_infos(record)
             head.put_results(t, record)
             if record.final is not None:
                 head.put_final(t, record, self.carried if self.initial_state is not None else None)
@@ -338,16 +282,19 @@ class RolloutLoop:
             n = len(ids)
         state = None
         if self.initial_state is None:
-            raw, version = self._forward(PolicyCall(obs_in))
+            call = PolicyCall(obs_in)
         else:
             if ids is None:
                 state = (self.state, self.is_init)
             else:
                 index = torch.from_numpy(ids).to(self.device)
                 state = (self.state[index], self.is_init[ids])
-            raw, version = self._forward(PolicyCall(obs_in, state[0], self._is_init_tensor(state[1])))
-            raw, next_state = self._split_state(raw, n)
-        out_t = self._check_outputs(raw, n)
+            call = PolicyCall(obs_in, state[0], self._is_init_tensor(state[1]))
+        out_t, version, next_state = self.acting.act(call, n)
+        if self.outputs is None:
+            self.outputs = self.acting.layout
+            # The drivers keep the final observations of episodes only for what needs them.
+            self.driver.keep_final = self.outputs.has_value or self.next_obs_key is not None
         if self.check_finite:
             self._check_finite_action(out_t["action"], ids)
         self.driver.send(out_t["action"], ids)
@@ -384,8 +331,7 @@ class RolloutLoop:
         """Writes the results of the envs of ``record`` that stepped into the rows ``rows`` they acted on."""
         info = None
         if self.infos is not None:  # recorded over the record's envs, then taken env by env
-            if self.infos.structures is None:
-                self.infos.learn(self.driver.reset_infos, record.info)
+            self._learn_infos(record)
             info = self.infos.empty_rows(1)
             self.infos.record(info, 0, record.info, record.done, record.real)
             info = {path: array[0] for path, array in info.items()}
@@ -399,6 +345,11 @@ class RolloutLoop:
             part = record if sel is None else _pick(record, sel)
             part_info = info if sel is None or info is None else {path: array[sel] for path, array in info.items()}
             buffer.put_results_at(flat, part, part_info)
+
+    def _learn_infos(self, record: StepRecord) -> None:
+        """Host infos: their structure, from the first step's infos and the reset's, before any row records one."""
+        if self.infos is not None and self.infos.structures is None:
+            self.infos.learn(self.driver.reset_infos, record.info)
 
     def _locate(
         self, ids: np.ndarray, rows: np.ndarray, *, allocate: bool = False
@@ -425,10 +376,10 @@ class RolloutLoop:
 
     def _deliver(self, head: HostRows | DeviceRows) -> TensorDict:
         """The complete batch of ``head``, with ``next_value`` and the next observations."""
-        batch = head.assemble()
+        batch = head.assemble(self.outputs)
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
         finals = None
-        if self.has_value or self.next_obs_key is not None:
+        if self.outputs.has_value or self.next_obs_key is not None:
             finals = head.gather_finals(self.device)
         if self.next_obs_key is not None:
             next_obs = batch[self.next_obs_key]
@@ -438,11 +389,11 @@ class RolloutLoop:
             if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
                 ts, envs, obs, _ = finals
                 next_obs[ts.to(next_obs.device), envs.to(next_obs.device)] = obs.to(next_obs.device)
-        if self.has_value:
-            value, next_value = batch[self.value_key], batch["next_value"]
+        if self.outputs.has_value:
+            value, next_value = batch[self.outputs.value_key], batch["next_value"]
             next_value[:-1] = value[1:]
             if ahead is not None:
-                next_value[-1] = ahead.outputs[self.value_key][0].to(next_value.device)
+                next_value[-1] = ahead.outputs[self.outputs.value_key][0].to(next_value.device)
             else:
                 next_value[-1] = self._last_value().to(next_value.device)
             if finals is not None:
@@ -466,7 +417,7 @@ class RolloutLoop:
             call = PolicyCall(last_obs, value_only=True)
         else:
             call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), value_only=True)
-        return self._value(call, self.num_envs)
+        return self.acting.value(call, self.num_envs)
 
     def _write_final_values(self, next_value: Tensor, finals: tuple[Tensor, Tensor, Obs, Any]) -> None:
         """V(final observation) of every episode that ended, in bootstrap calls of at most ``num_envs`` rows."""
@@ -481,85 +432,14 @@ class RolloutLoop:
             else:
                 call = PolicyCall(obs[part], states[part], not_init[:n], value_only=True)
             target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
-            next_value[target] = self._value(call, n).to(next_value.device)
-
-    def _forward(self, call: PolicyCall) -> tuple[Any, int]:
-        self.in_policy = True
-        try:
-            return self.forward(call)
-        finally:
-            self.in_policy = False
+            next_value[target] = self.acting.value(call, n).to(next_value.device)
 
     # -- bootstrap values and recurrent state --------------------------------------------------
-
-    def _value(self, call: PolicyCall, n: int) -> Tensor:
-        """The value of a bootstrap call: from ``policy.get_value`` when the policy has one, else its forward."""
-        raw, _ = self._forward(call)
-        if isinstance(raw, (TensorDictBase, Mapping)):
-            value = raw.get(self.value_key, None)
-            if value is None:
-                raise ValueError(
-                    f"Collector: a bootstrap call of the policy (or its get_value) returned keys "
-                    f"{sorted(map(str, raw.keys()))}, without {self.value_key!r}"
-                )
-        else:
-            value = raw
-        if not isinstance(value, Tensor):
-            raise TypeError(
-                f"Collector: policy.get_value must return a Tensor of shape ({n},), got {type(value).__name__}"
-            )
-        if value.dim() == 2 and value.shape[1] == 1:
-            value = value.squeeze(1)
-        if value.shape != (n,) or not value.is_floating_point() or value.device != self.device:
-            raise ValueError(
-                f"Collector: the bootstrap value has shape {tuple(value.shape)}, dtype {value.dtype} and device "
-                f"{value.device}, expected a floating-point tensor of shape ({n},) or ({n}, 1) on {self.device}"
-            )
-        return value
 
     def _is_init_tensor(self, is_init: np.ndarray | Tensor) -> Tensor:
         if isinstance(is_init, np.ndarray):
             return torch.from_numpy(is_init).to(self.device)
         return to_device(is_init, self.device)
-
-    def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
-        """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
-        if isinstance(raw, TensorDictBase):
-            if "next" in raw.keys() and all(("next", *_as_tuple(key)) in raw.keys(True) for key in self.state_keys):
-                next_state = raw.get("next").select(*self.state_keys)
-                raw = raw.exclude("next", "is_init", *self.state_keys)
-            else:
-                next_state = raw.get("next_state", None)
-                raw = raw.exclude("next_state", "is_init", *self.state_keys)
-        elif isinstance(raw, Mapping):
-            raw = dict(raw)
-            next_state = raw.pop("next_state", None)
-        else:
-            return raw, None  # _check_outputs names the problem
-        if next_state is None:
-            raise ValueError(
-                f"Collector: with initial_state the policy must return its next state, as 'next_state' (a Mapping "
-                f"or TensorDict with the keys {self._state_names()}) or, from a TensorDictModule, at ('next', key); "
-                f"it returned keys {sorted(map(str, raw.keys()))}"
-            )
-        if not isinstance(next_state, TensorDictBase):
-            try:
-                next_state = TensorDict(dict(next_state), batch_size=[n], device=self.device)
-            except Exception as exc:
-                raise ValueError(
-                    f"Collector: the policy's 'next_state' must be a Mapping of tensors [{n}, ...] with the keys "
-                    f"{self._state_names()}, got {type(next_state).__name__} ({exc})"
-                ) from None
-        keys = set(next_state.keys(include_nested=True, leaves_only=True))
-        want = {str(key): (n, *self.initial_state.get(key).shape[1:]) for key in self.state_keys}
-        if keys != set(self.state_keys) or any(
-            tuple(next_state.get(key).shape) != want[str(key)] for key in self.state_keys
-        ):
-            got = {str(key): tuple(next_state.get(key).shape) for key in sorted(keys, key=str)}
-            raise ValueError(
-                f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)"
-            )
-        return raw, next_state
 
     def _reset_state(
         self, carried: TensorDictBase, starts: np.ndarray | Tensor, initial: TensorDictBase
@@ -575,9 +455,6 @@ class RolloutLoop:
             return torch.where(rows.view(-1, *(1,) * (now.dim() - 1)), first, now)
 
         return initial.apply(reset, carried)
-
-    def _state_names(self) -> list[str]:
-        return [str(key) for key in self.state_keys]
 
     def _non_finite(self, name: str, env: int, value: Any, call: str) -> None:
         """The drivers' report of a NaN or inf (``check_finite=True``), at the step in flight."""
@@ -603,87 +480,6 @@ class RolloutLoop:
 
     # -- policy outputs ------------------------------------------------------------------------
 
-    def _check_outputs(self, raw: Any, n: int) -> dict[str, Tensor]:
-        if isinstance(raw, TensorDictBase):
-            items = {key: raw.get(key) for key in raw.keys() if key != self.obs_key}
-        elif isinstance(raw, Mapping):
-            items = dict(raw)
-        else:
-            raise TypeError(
-                f"Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, "
-                f"got {type(raw).__name__}"
-            )
-        if "action" not in items:
-            raise ValueError(
-                f"Collector: policy output has no 'action' key; it returned keys {sorted(map(str, items))}"
-            )
-        for key, value in items.items():
-            if not isinstance(value, (Tensor, TensorDictBase)):
-                raise TypeError(
-                    f"Collector: policy output {key!r} must be a torch.Tensor of shape [{n}, ...], "
-                    f"got {type(value).__name__}"
-                )
-            if value.dim() == 0 or value.shape[0] != n:
-                raise ValueError(
-                    f"Collector: policy output {key!r} has shape {tuple(value.shape)}, expected a leading "
-                    f"size of {n} (one row per env)"
-                )
-            if value.device != self.device:
-                raise ValueError(
-                    f"Collector: policy output {key!r} is on device {value.device}, expected {self.device} "
-                    "(the collector's device)"
-                )
-        if self.output_keys is None and "value" not in items and "state_value" in items:
-            self.value_key = "state_value"  # what TorchRL's ValueOperator writes
-        value = items.get(self.value_key)
-        if value is not None:
-            if value.dim() == 2 and value.shape[1] == 1:
-                items[self.value_key] = value = value.squeeze(1)
-            if value.dim() != 1 or not value.is_floating_point():
-                raise ValueError(
-                    f"Collector: policy output {self.value_key!r} has shape {tuple(value.shape)} and dtype "
-                    f"{value.dtype}, "
-                    f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
-                )
-        if self.output_keys is None:
-            taken = sorted(str(key) for key in items if key in BATCH_KEYS and key != "action")
-            if taken:
-                raise ValueError(
-                    f"Collector: the policy returns {taken}, keys the collector fills in every batch "
-                    f"({sorted(BATCH_KEYS - {'action'})}); rename those outputs"
-                )
-            if self.obs_key in items:
-                raise ValueError(
-                    f"Collector: the policy returns {self.obs_key!r}, the batch key of the observations (obs_key); "
-                    "rename that output, or pass another BatchKeys(obs_key=...)"
-                )
-            if self.initial_state is not None:
-                clash = sorted(str(key) for key in items if key in {_as_tuple(k)[0] for k in self.state_keys})
-                if clash:
-                    raise ValueError(
-                        f"Collector: policy outputs {clash} have the names of initial_state's entries, which the "
-                        "batch stores at those keys; rename one of them"
-                    )
-            if self.next_obs_key is not None and self.next_obs_key in items:
-                raise ValueError(
-                    f"Collector: the policy returns {self.next_obs_key!r}, the batch key of the next observations "
-                    f"with BatchKeys(next_obs=True) ('next_' + obs_key); rename that output, or pass another obs_key"
-                )
-            self.output_keys = list(items)
-            self.has_value = value is not None
-            # The drivers keep the final observations of episodes only for what needs them.
-            self.driver.keep_final = self.has_value or self.next_obs_key is not None
-        elif items.keys() != set(self.output_keys):
-            raise ValueError(
-                f"Collector: policy output keys changed from {sorted(self.output_keys)} to {sorted(items)} between "
-                "steps"
-            )
-        return items
-
-
-def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
-    return key if isinstance(key, tuple) else (key,)
-
 
 def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:
     """The results of the rows ``sel`` of a record."""
@@ -698,25 +494,3 @@ def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:
         record.episode_return[sel],
         record.episode_length[sel],
     )
-
-
-def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
-    """Adds ``done`` and, with ``gae`` and when the batch has values, GAE ``advantage`` and ``return`` (in place)."""
-    batch["done"] = batch["terminated"] | batch["truncated"]
-    if gae is None or "next_value" not in batch.keys():
-        return batch
-    value = batch["value" if "value" in batch.keys() else "state_value"]
-    advantage, return_ = compute_gae(
-        batch["reward"],
-        value,
-        batch["next_value"],
-        batch["terminated"],
-        batch["truncated"],
-        gamma=gae.gamma,
-        gae_lambda=gae.gae_lambda,
-    )
-    # Reset rows of NEXT_STEP carry no transition: zero advantage, excluded by mask.
-    real = batch["mask"]
-    batch["advantage"] = torch.where(real, advantage, 0.0)
-    batch["return"] = torch.where(real, return_, value)
-    return batch

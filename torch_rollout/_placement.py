@@ -29,7 +29,7 @@ from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import acting_copy, check_policy_device
 
 if TYPE_CHECKING:
-    from torch_rollout._compile import CudaGraph
+    from torch_rollout._spec import CudaGraph
 
 __all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
 

@@ -37,9 +37,10 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
-from torch_rollout._loop import PolicyCall, Stopped
+from torch_rollout._loop import Stopped
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights

@@ -25,9 +25,10 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 
+from torch_rollout._acting import Forward
 from torch_rollout._drivers import make_loop
 from torch_rollout._envs import RemoteTraceback, split_envs
-from torch_rollout._loop import Forward, RolloutLoop
+from torch_rollout._loop import RolloutLoop
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]

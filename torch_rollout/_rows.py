@@ -12,10 +12,13 @@ batch's end, where the loop values them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
@@ -23,10 +26,10 @@ from torch_rollout._devices import copy_into, to_device
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor
 
 if TYPE_CHECKING:
+    from torch_rollout._acting import OutputLayout
     from torch_rollout._env_seam import StepRecord
-    from torch_rollout._loop import RolloutLoop
 
-__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "empty_rows", "select"]
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select"]
 
 # The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
 LOOP_KEYS = {
@@ -68,6 +71,21 @@ def select(obs: Any, sel: np.ndarray | None) -> Any:
     return np.asarray(obs)[sel]
 
 
+@dataclass(frozen=True, kw_only=True)
+class RowLayout:
+    """What every batch's rows of one loop are made of: set when the loop is built."""
+
+    num_steps: int  # T
+    num_envs: int  # N
+    device: torch.device  # the policy's: where observations go to be acted on, and final observations wait
+    storage_device: torch.device  # where the batch is written
+    obs_key: str
+    obs_space: spaces.Space
+    next_obs_key: str | None
+    loop_keys: Mapping[str, type]  # the rows the loop fills itself, with their NumPy dtypes
+    state_keys: tuple[Any, ...] | None  # a recurrent policy's state entries, or None
+
+
 class _Rows:
     """What both kinds share: the policy's outputs, versions and recurrent states, stored as tensors."""
 
@@ -75,10 +93,10 @@ class _Rows:
     states: TensorDictBase | None
     info: Any
 
-    def __init__(self, loop: RolloutLoop) -> None:
-        self.loop = loop
-        self.T, self.N = loop.num_steps, loop.num_envs
-        self.store = loop.storage_device
+    def __init__(self, layout: RowLayout) -> None:
+        self.layout = layout
+        self.T, self.N = layout.num_steps, layout.num_envs
+        self.store = layout.storage_device
         self.filled = 0  # rows whose step has come back
         self.outputs = None
         self.output_rows: dict[str, tuple[Tensor, ...] | None] = {}
@@ -99,13 +117,13 @@ class _Rows:
             else:
                 copy_into(rows[t], value)
 
-    def _batch(self, batch: dict[str, Any]) -> TensorDict:
+    def _batch(self, batch: dict[str, Any], outputs: OutputLayout) -> TensorDict:
         """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
-        loop, T, N, store = self.loop, self.T, self.N, self.store
-        if loop.has_value:
-            batch["next_value"] = torch.empty_like(self.outputs[loop.value_key])
-        if loop.next_obs_key is not None:
-            batch[loop.next_obs_key] = empty_obs(loop.obs_space, (T, N), device=store)
+        layout, T, N, store = self.layout, self.T, self.N, self.store
+        if outputs.has_value:
+            batch["next_value"] = torch.empty_like(self.outputs[outputs.value_key])
+        if layout.next_obs_key is not None:
+            batch[layout.next_obs_key] = empty_obs(layout.obs_space, (T, N), device=store)
         out = TensorDict(batch, batch_size=[T, N], device=store)
         if self.states is not None:
             out.update(self.states)
@@ -121,26 +139,38 @@ class HostRows(_Rows):
     """Rows written from NumPy: views of the batch's storage on the CPU, host arrays uploaded at the end otherwise.
 
     ``out``: a batch of an earlier call (a shared-memory slot) written in place; only
-    with rows written a whole row at a time.
+    with rows written a whole row at a time. ``outputs``: the policy's outputs (None before its
+    first call; known when ``out`` is given). ``infos``: the loop's info recorder, or None.
+    ``staging``: the loop's page-locked row of observations for batches on CUDA, or None.
     """
 
-    def __init__(self, loop: RolloutLoop, out: TensorDict | None) -> None:
-        super().__init__(loop)
+    def __init__(
+        self,
+        layout: RowLayout,
+        out: TensorDict | None,
+        *,
+        outputs: OutputLayout | None,
+        infos: Any,
+        staging: ObsBuffer | None,
+    ) -> None:
+        super().__init__(layout)
         T, N = self.T, self.N
         self.out = out
+        self.infos = infos
+        self.staging = staging
         self.on_host = self.store.type == "cpu"
-        keys = loop.loop_keys
+        keys = layout.loop_keys
         if out is not None:  # a CPU slot: every row is written into it in place
-            self.obs = ObsBuffer.wrap(loop.obs_space, out[loop.obs_key])
+            self.obs = ObsBuffer.wrap(layout.obs_space, out[layout.obs_key])
             self.host = {key: out[key].numpy() for key in keys}
-            self.outputs = {key: out[key] for key in loop.output_keys}
+            self.outputs = {key: out[key] for key in outputs.keys}
             self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
-            if loop.initial_state is not None:
-                self.states = out.select(*loop.state_keys)
-            if loop.infos is not None:
-                self.info = loop.infos.views(out["info"])
+            if layout.state_keys is not None:
+                self.states = out.select(*layout.state_keys)
+            if infos is not None:
+                self.info = infos.views(out["info"])
         else:
-            self.obs = ObsBuffer(loop.obs_space, (T, N), device=self.store)
+            self.obs = ObsBuffer(layout.obs_space, (T, N), device=self.store)
             self.host = {key: np.empty((T, N), dtype=dtype) for key, dtype in keys.items()}
         self.host["mask"].fill(True)
         self.flat = {key: array.reshape(-1) for key, array in self.host.items()}
@@ -153,15 +183,15 @@ class HostRows(_Rows):
 
     def put_obs(self, t: int, obs: Any) -> Obs:
         """Stores row ``t``'s observations and returns them for the policy, on its device."""
-        loop = self.loop
+        device = self.layout.device
         if self.on_host:
             self.obs.write(t, obs)
             row = self.obs.tensor[t] if self.obs_rows is None else self.obs_rows[t]
-            return row if loop.device.type == "cpu" else row.to(loop.device)  # a view, or an upload to CUDA
+            return row if device.type == "cpu" else row.to(device)  # a view, or an upload to CUDA
         # Batches on CUDA get observations through a page-locked staging row, reused each step: reading the
         # action back synchronizes with the upload.
-        loop.staging.write(slice(None), obs)
-        obs_t = to_device(loop.staging.tensor, loop.device)
+        self.staging.write(slice(None), obs)
+        obs_t = to_device(self.staging.tensor, device)
         self.obs.tensor[t] = obs_t
         return obs_t
 
@@ -173,7 +203,7 @@ class HostRows(_Rows):
             self.obs.write((flat // self.N, flat % self.N), obs)
         else:
             rows = torch.from_numpy(flat).to(self.store)
-            self.obs.tensor[rows // self.N, rows % self.N] = obs_to_tensor(self.loop.obs_space, obs, self.store)
+            self.obs.tensor[rows // self.N, rows % self.N] = obs_to_tensor(self.layout.obs_space, obs, self.store)
 
     def put_acted(
         self, t: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, np.ndarray] | None
@@ -230,11 +260,9 @@ class HostRows(_Rows):
         """Stores the results of row ``t``'s step: every env's."""
         _put_result_rows(self.host, t, record)
         self.filled += self.N
-        infos = self.loop.infos
-        if infos is not None:
+        infos = self.infos
+        if infos is not None:  # its structure learnt by the loop from the first step
             if self.info is None:
-                if infos.structures is None:
-                    infos.learn(self.loop.driver.reset_infos, record.info)
                 self.info = infos.empty_rows(self.T)
             infos.record(self.info, t, record.info, record.done, record.real)
 
@@ -246,7 +274,7 @@ class HostRows(_Rows):
             return
         if self.info is None:  # the recorder's rows are a record's envs: these are [T * N, ...]
             T, N = self.T, self.N
-            leaves = self.loop.infos.leaves
+            leaves = self.infos.leaves
             self.flat_info = {path: np.empty((T * N, *shape), dtype=dtype) for path, shape, dtype in leaves}
             self.info = {path: array.reshape(T, N, *array.shape[1:]) for path, array in self.flat_info.items()}
         for path, array in info.items():
@@ -266,7 +294,7 @@ class HostRows(_Rows):
             return None
         ts = np.concatenate([np.full(len(index), t) for t, index, _, _ in self.finals])
         envs = np.concatenate([index for _, index, _, _ in self.finals])
-        space = self.loop.obs_space
+        space = self.layout.obs_space
         parts = [obs_to_tensor(space, obs, device) for _, _, obs, _ in self.finals]
         obs = torch.cat(parts)
         states = None
@@ -280,18 +308,17 @@ class HostRows(_Rows):
         """Row 0's observations (of a batch acted ahead): the observation after the previous batch's last row."""
         return self.obs.tensor[0]
 
-    def assemble(self) -> TensorDict:
+    def assemble(self, outputs: OutputLayout) -> TensorDict:
         """The batch of these rows on the storage device (``out`` when given); its bootstrap entries are unset."""
-        loop = self.loop
         T, N, store = self.T, self.N, self.store
         if self.out is not None:
             return self.out  # written in place
-        batch: dict[str, Any] = {loop.obs_key: self.obs.tensor, **self.outputs}
+        batch: dict[str, Any] = {self.layout.obs_key: self.obs.tensor, **self.outputs}
         for key, array in self.host.items():
             batch[key] = to_device(torch.from_numpy(array), store)
         if self.info is not None:
-            batch["info"] = loop.infos.tensordict(self.info, [T, N], store)
-        return self._batch(batch)
+            batch["info"] = self.infos.tensordict(self.info, [T, N], store)
+        return self._batch(batch, outputs)
 
 
 class DeviceRows(_Rows):
@@ -302,23 +329,24 @@ class DeviceRows(_Rows):
     ``[T, N]`` mask of the envs that ended) on the policy's device.
     """
 
-    def __init__(self, loop: RolloutLoop, out: TensorDict | None) -> None:
-        super().__init__(loop)
+    def __init__(self, layout: RowLayout, out: TensorDict | None, *, outputs: OutputLayout | None, infos: Any) -> None:
+        super().__init__(layout)
         T, N, store = self.T, self.N, self.store
         self.out = out
-        keys = list(loop.loop_keys)  # policy_version too: filled a row at a time on the device, never uploaded
+        self.infos = infos
+        keys = list(layout.loop_keys)  # policy_version too: filled a row at a time on the device, never uploaded
         if out is None:
-            self.obs = empty_obs(loop.obs_space, (T, N), device=store)
-            dtypes = {key: torch.from_numpy(np.empty(0, dtype=loop.loop_keys[key])).dtype for key in keys}
+            self.obs = empty_obs(layout.obs_space, (T, N), device=store)
+            dtypes = {key: torch.from_numpy(np.empty(0, dtype=layout.loop_keys[key])).dtype for key in keys}
             self.rows = {key: torch.empty((T, N), dtype=dtypes[key], device=store) for key in keys}
         else:
-            self.obs = out[loop.obs_key]
+            self.obs = out[layout.obs_key]
             self.rows = {key: out[key] for key in keys}
-            self.outputs = {key: out[key] for key in loop.output_keys}
+            self.outputs = {key: out[key] for key in outputs.keys}
             self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
-            if loop.initial_state is not None:
-                self.states = out.select(*loop.state_keys)
-            if loop.infos is not None:
+            if layout.state_keys is not None:
+                self.states = out.select(*layout.state_keys)
+            if infos is not None:
                 self.info = out["info"]
         self.rows["mask"].fill_(True)
         self.views = {key: value.unbind(0) for key, value in self.rows.items()}
@@ -330,7 +358,7 @@ class DeviceRows(_Rows):
     def put_obs(self, index: int, obs: Any) -> Obs:
         _write_row(self.obs_rows, self.obs, index, obs)
         row = self.obs[index] if self.obs_rows is None else self.obs_rows[index]
-        return row if self.store == self.loop.device else to_device(row, self.loop.device)
+        return row if self.store == self.layout.device else to_device(row, self.layout.device)
 
     def put_acted(
         self, index: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, Tensor] | None
@@ -351,17 +379,17 @@ class DeviceRows(_Rows):
         if record.real is not None:
             copy_into(views["mask"][index], record.real)
         self.filled += self.N
-        infos = self.loop.infos
+        infos = self.infos
         if infos is not None:
             if self.info is None:
                 self.info = infos.empty_rows(record.info, self.T, self.store)
             infos.record(self.info, index, record.info, record.done, record.real)
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
-        device = self.loop.device
+        device = self.layout.device
         final, done = record.final, record.done
         if self.final_obs is None:
-            self.final_obs = empty_obs(self.loop.obs_space, (self.T, self.N), device=device)
+            self.final_obs = empty_obs(self.layout.obs_space, (self.T, self.N), device=device)
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
         _write_row(None, self.final_obs, t, to_device(final, device))
         copy_into(self.final_mask[t], done)
@@ -380,14 +408,13 @@ class DeviceRows(_Rows):
     def first_obs(self) -> Obs:
         return self.obs[0]
 
-    def assemble(self) -> TensorDict:
-        loop = self.loop
+    def assemble(self, outputs: OutputLayout) -> TensorDict:
         if self.out is not None:
             return self.out
-        batch = {loop.obs_key: self.obs, **self.outputs, **self.rows}
+        batch = {self.layout.obs_key: self.obs, **self.outputs, **self.rows}
         if self.info is not None:
             batch["info"] = self.info
-        return self._batch(batch)
+        return self._batch(batch, outputs)
 
 
 def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, record: StepRecord) -> None:

@@ -1,19 +1,19 @@
-"""What a batch holds (:class:`BatchKeys`) and what every collection loop of a collector is told (``LoopSpec``)."""
+"""What a batch holds (:class:`BatchKeys`), what every collection loop of a collector is told (``LoopSpec``).
+
+:class:`CudaGraph`, the option of ``compile_policy`` that records the acting forward, is one of its settings.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensordict import TensorDictBase
 
 from torch_rollout._infos import check_info_keys
 
-if TYPE_CHECKING:
-    from torch_rollout._compile import CudaGraph
-
-__all__ = ["BATCH_KEYS", "BatchKeys", "LoopSpec"]
+__all__ = ["BATCH_KEYS", "BatchKeys", "CudaGraph", "LoopSpec"]
 
 # Keys the collector writes into every batch: obs_key (and with next_obs, "next_" + obs_key) cannot take one of them.
 BATCH_KEYS = frozenset(
@@ -113,3 +113,32 @@ class LoopSpec:
     initial_state: TensorDictBase | None
     compile_options: dict[str, Any] | CudaGraph | None
     next_obs_key: str | None
+
+
+@dataclass(frozen=True)
+class CudaGraph:
+    """``compile_policy=CudaGraph()``: the forward recorded as a CUDA graph at its first call, then replayed.
+
+    No ``torch.compile``: the forward is recorded as it runs eagerly, so random
+    sampling inside it (``Categorical.sample``, ``Normal.rsample``) draws fresh
+    numbers at every replay. Needs a policy acting on a CUDA device. See
+    ``docs/compile.md``.
+
+    Args:
+        warmup: eager calls of the forward on a side stream before it is
+            recorded, as PyTorch's CUDA graph recipe prescribes: they let cuBLAS
+            and lazily built state set themselves up outside the capture.
+
+    Examples:
+        >>> CudaGraph()
+        CudaGraph(warmup=3)
+    """
+
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
+            raise ValueError(
+                "CudaGraph: warmup must be an int >= 1 (eager calls of the forward before it is recorded; default "
+                f"3), got {type(self.warmup).__name__} {self.warmup!r}"
+            )

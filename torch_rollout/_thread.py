@@ -15,12 +15,13 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._devices import indexed, is_device
 from torch_rollout._drivers import make_loop
 from torch_rollout._envs import explain_env_error
 from torch_rollout._interaction import own_interaction_type
-from torch_rollout._loop import PolicyCall, RolloutLoop, Stopped
+from torch_rollout._loop import RolloutLoop, Stopped
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
 

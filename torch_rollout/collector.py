@@ -18,15 +18,14 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
-from torch_rollout._compile import CudaGraph, check_compile_policy
+from torch_rollout._compile import check_compile_policy
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
-from torch_rollout._loop import add_advantages
 from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed
-from torch_rollout._spec import BATCH_KEYS, BatchKeys, LoopSpec
+from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
 from torch_rollout._weights import check_same_structure, named_weights
-from torch_rollout.gae import GAE
+from torch_rollout.gae import GAE, add_advantages
 
 __all__ = ["Collector"]
 

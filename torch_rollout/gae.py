@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["GAE", "compute_gae"]
 
@@ -141,3 +145,25 @@ def compute_gae(
         k *= 2
     return_ = advantage + value_
     return advantage.to(out_dtype), return_.to(out_dtype)
+
+
+def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
+    """Adds ``done`` and, with ``gae`` and when the batch has values, GAE ``advantage`` and ``return`` (in place)."""
+    batch["done"] = batch["terminated"] | batch["truncated"]
+    if gae is None or "next_value" not in batch.keys():
+        return batch
+    value = batch["value" if "value" in batch.keys() else "state_value"]
+    advantage, return_ = compute_gae(
+        batch["reward"],
+        value,
+        batch["next_value"],
+        batch["terminated"],
+        batch["truncated"],
+        gamma=gae.gamma,
+        gae_lambda=gae.gae_lambda,
+    )
+    # Reset rows of NEXT_STEP carry no transition: zero advantage, excluded by mask.
+    real = batch["mask"]
+    batch["advantage"] = torch.where(real, advantage, 0.0)
+    batch["return"] = torch.where(real, return_, value)
+    return batch

@@ -1,0 +1,335 @@
+"""The acting side of the collection loop: calling the policy, checking what it returns, bootstrap values.
+
+The loop hands a :class:`PolicyCall` to :class:`Acting`, which makes it through
+the placement's forward (the placement holds the weights lock and knows the
+version), takes a recurrent policy's next state out of the outputs, and checks
+the outputs against the layout that the first call set (:class:`OutputLayout`):
+every later call must return the same keys, each a tensor with one row per env
+on the policy's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import Tensor, nn
+
+from torch_rollout._spaces import Obs
+from torch_rollout._spec import BATCH_KEYS
+
+__all__ = ["Acting", "Forward", "OutputLayout", "PolicyCall", "call_policy"]
+
+# The keys the collector fills in every batch (besides "action", which the policy returns): no output may take one.
+FILLED_KEYS = BATCH_KEYS - {"action"}
+
+
+@dataclass
+class PolicyCall:
+    """One call of the policy that the loop asks its placement to make (see :func:`call_policy`).
+
+    ``state`` and ``is_init`` are set in recurrent mode only. ``value_only``
+    marks a bootstrap: only the value is wanted, and ``policy.get_value`` is
+    called instead of the forward when the policy has one.
+    """
+
+    obs: Obs
+    state: TensorDictBase | None = None
+    is_init: Tensor | None = None
+    value_only: bool = False
+
+
+# The placement's policy call: a PolicyCall on the policy's device -> (raw outputs, weights version).
+Forward = Callable[[PolicyCall], "tuple[Any, int]"]
+
+
+def call_policy(
+    policy: nn.Module,
+    call: PolicyCall,
+    obs_key: str = "obs",
+    functions: tuple[Callable[..., Any], Callable[..., Any] | None] | None = None,
+    *,
+    owned: bool = False,
+) -> Any:
+    """Makes ``call`` on ``policy`` in eval mode, and puts back the modes its modules had.
+
+    The forward is ``policy(obs)``, or ``policy(obs, state, is_init)`` in
+    recurrent mode; a value-only call uses ``policy.get_value`` with the same
+    arguments when it exists. A TensorDictModule gets one TensorDict with
+    ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
+    state's entries at their own keys), as TorchRL's recurrent modules read it.
+    ``functions``: ``(forward, get_value or None)`` called instead of the
+    policy's own (its compiled ones, see ``torch_rollout._compile``).
+    ``owned`` marks the collector's own acting copy, which is in eval mode from
+    its creation on: its modes are then neither read nor switched.
+    """
+    # Acting is inference whatever the trainer's module is doing: no dropout, no BatchNorm statistics
+    # updated, in every placement (the thread with prefetch=0 acts with the trainer's module itself).
+    # The flags are set as nn.Module.train sets them, but without nn.Module.__setattr__, which made the switch
+    # and back 4x to 7x dearer (the example's Agent, 2-core machine: 67 us against 18 us at a load of 4).
+    # Walking the modules costs ~10 us a call even when none is training, so a copy nobody else
+    # touches is left as it is.
+    training = [] if owned else [module for module in policy.modules() if module.training]
+    for module in training:
+        object.__setattr__(module, "training", False)
+    try:
+        if functions is None:
+            method = getattr(policy, "get_value", None) if call.value_only else None
+            function = policy if method is None else method
+        else:
+            function = functions[1] if call.value_only and functions[1] is not None else functions[0]
+        if isinstance(policy, TensorDictModuleBase):
+            entries: dict[str, Any] = {obs_key: call.obs}
+            if call.state is not None:
+                entries["is_init"] = call.is_init.unsqueeze(-1)
+            td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
+            if call.state is not None:
+                td.update(call.state)
+            return function(td)
+        if call.state is None:
+            return function(call.obs)
+        return function(call.obs, call.state, call.is_init)
+    finally:
+        for module in training:
+            object.__setattr__(module, "training", True)
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """The policy's outputs, as its first call returned them: every later call returns the same keys.
+
+    ``value_key`` is ``"value"``, TorchRL's ``"state_value"`` (when the policy
+    returns that instead), or None for a policy without values (no bootstraps).
+    """
+
+    keys: tuple[str, ...]
+    value_key: str | None
+
+    @property
+    def has_value(self) -> bool:
+        return self.value_key is not None
+
+
+class Acting:
+    """Makes the loop's policy calls through the placement's ``forward`` and checks their outputs.
+
+    Args:
+        forward: the placement's policy call, ``PolicyCall -> (raw outputs, weights version)``.
+        device: where the policy runs: every output must be there.
+        obs_key: the batch key of observations (no output may take it).
+        next_obs_key: the batch key of next observations, or None.
+        initial_state: a recurrent policy's initial state (rows of this loop's envs), or None.
+    """
+
+    layout: OutputLayout | None  # None until the first forward
+    in_policy: bool  # inside the policy's call now (for a stuck thread's report)
+
+    def __init__(
+        self,
+        forward: Forward,
+        *,
+        device: torch.device,
+        obs_key: str,
+        next_obs_key: str | None,
+        initial_state: TensorDictBase | None,
+    ) -> None:
+        self.forward = forward
+        self.device = device
+        self.obs_key = obs_key
+        self.next_obs_key = next_obs_key
+        self.initial_state = initial_state
+        self.state_keys = (
+            [] if initial_state is None else list(initial_state.keys(include_nested=True, leaves_only=True))
+        )
+        self.layout = None
+        self.in_policy = False
+
+    @property
+    def _value_key(self) -> str:
+        return "value" if self.layout is None or self.layout.value_key is None else self.layout.value_key
+
+    def act(self, call: PolicyCall, n: int) -> tuple[dict[str, Tensor], int, TensorDictBase | None]:
+        """The checked outputs of the forward on ``n`` rows, the weights' version, and the next state (recurrent)."""
+        raw, version = self._call(call)
+        next_state = None
+        if call.state is not None:
+            raw, next_state = self._split_state(raw, n)
+        return self.check_outputs(raw, n), version, next_state
+
+    def _call(self, call: PolicyCall) -> tuple[Any, int]:
+        self.in_policy = True
+        try:
+            return self.forward(call)
+        finally:
+            self.in_policy = False
+
+    def value(self, call: PolicyCall, n: int) -> Tensor:
+        """The value of a bootstrap call: from ``policy.get_value`` when the policy has one, else its forward."""
+        raw, _ = self._call(call)
+        if isinstance(raw, (TensorDictBase, Mapping)):
+            value = raw.get(self._value_key, None)
+            if value is None:
+                raise ValueError(
+                    f"Collector: a bootstrap call of the policy (or its get_value) returned keys "
+                    f"{sorted(map(str, raw.keys()))}, without {self._value_key!r}"
+                )
+        else:
+            value = raw
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"Collector: policy.get_value must return a Tensor of shape ({n},), got {type(value).__name__}"
+            )
+        if value.dim() == 2 and value.shape[1] == 1:
+            value = value.squeeze(1)
+        if value.shape != (n,) or not value.is_floating_point() or value.device != self.device:
+            raise ValueError(
+                f"Collector: the bootstrap value has shape {tuple(value.shape)}, dtype {value.dtype} and device "
+                f"{value.device}, expected a floating-point tensor of shape ({n},) or ({n}, 1) on {self.device}"
+            )
+        return value
+
+    def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
+        """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
+        if isinstance(raw, TensorDictBase):
+            if "next" in raw.keys() and all(("next", *_as_tuple(key)) in raw.keys(True) for key in self.state_keys):
+                next_state = raw.get("next").select(*self.state_keys)
+                raw = raw.exclude("next", "is_init", *self.state_keys)
+            else:
+                next_state = raw.get("next_state", None)
+                raw = raw.exclude("next_state", "is_init", *self.state_keys)
+        elif isinstance(raw, Mapping):
+            raw = dict(raw)
+            next_state = raw.pop("next_state", None)
+        else:
+            return raw, None  # check_outputs names the problem
+        if next_state is None:
+            raise ValueError(
+                f"Collector: with initial_state the policy must return its next state, as 'next_state' (a Mapping "
+                f"or TensorDict with the keys {self._state_names()}) or, from a TensorDictModule, at ('next', key); "
+                f"it returned keys {sorted(map(str, raw.keys()))}"
+            )
+        if not isinstance(next_state, TensorDictBase):
+            try:
+                next_state = TensorDict(dict(next_state), batch_size=[n], device=self.device)
+            except Exception as exc:
+                raise ValueError(
+                    f"Collector: the policy's 'next_state' must be a Mapping of tensors [{n}, ...] with the keys "
+                    f"{self._state_names()}, got {type(next_state).__name__} ({exc})"
+                ) from None
+        keys = set(next_state.keys(include_nested=True, leaves_only=True))
+        want = {str(key): (n, *self.initial_state.get(key).shape[1:]) for key in self.state_keys}
+        if keys != set(self.state_keys) or any(
+            tuple(next_state.get(key).shape) != want[str(key)] for key in self.state_keys
+        ):
+            got = {str(key): tuple(next_state.get(key).shape) for key in sorted(keys, key=str)}
+            raise ValueError(
+                f"Collector: the policy's next state has entries {got}, expected {want} (as initial_state)"
+            )
+        return raw, next_state
+
+    def _state_names(self) -> list[str]:
+        return [str(key) for key in self.state_keys]
+
+    # -- policy outputs ------------------------------------------------------------------------
+
+    def check_outputs(self, raw: Any, n: int) -> dict[str, Tensor]:
+        """The outputs as a dict, ``value`` squeezed to ``[n]``; the first call sets :attr:`layout`."""
+        items = _items(raw, self.obs_key)
+        for key, value in items.items():
+            _check_output(key, value, n, self.device)
+        first = self.layout is None
+        value_key = self.layout.value_key if not first else _value_key(items)
+        if value_key is not None and value_key in items:
+            items[value_key] = _checked_value(value_key, items[value_key], n)
+        if first:
+            self._check_names(items)
+            self.layout = OutputLayout(tuple(items), value_key)
+        elif items.keys() != set(self.layout.keys):
+            raise ValueError(
+                f"Collector: policy output keys changed from {sorted(self.layout.keys)} to {sorted(items)} between "
+                "steps"
+            )
+        return items
+
+    def _check_names(self, items: Mapping[str, Any]) -> None:
+        """Refuses outputs named like a key the batch fills itself: they would be overwritten."""
+        taken = sorted(str(key) for key in items if key in FILLED_KEYS)
+        if taken:
+            raise ValueError(
+                f"Collector: the policy returns {taken}, keys the collector fills in every batch "
+                f"({sorted(FILLED_KEYS)}); rename those outputs"
+            )
+        if self.obs_key in items:
+            raise ValueError(
+                f"Collector: the policy returns {self.obs_key!r}, the batch key of the observations (obs_key); "
+                "rename that output, or pass another BatchKeys(obs_key=...)"
+            )
+        clash = sorted(str(key) for key in items if key in {_as_tuple(k)[0] for k in self.state_keys})
+        if clash:
+            raise ValueError(
+                f"Collector: policy outputs {clash} have the names of initial_state's entries, which the "
+                "batch stores at those keys; rename one of them"
+            )
+        if self.next_obs_key is not None and self.next_obs_key in items:
+            raise ValueError(
+                f"Collector: the policy returns {self.next_obs_key!r}, the batch key of the next observations "
+                f"with BatchKeys(next_obs=True) ('next_' + obs_key); rename that output, or pass another obs_key"
+            )
+
+
+def _items(raw: Any, obs_key: str) -> dict[str, Any]:
+    if isinstance(raw, TensorDictBase):
+        items = {key: raw.get(key) for key in raw.keys() if key != obs_key}
+    elif isinstance(raw, Mapping):
+        items = dict(raw)
+    else:
+        raise TypeError(
+            f"Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, "
+            f"got {type(raw).__name__}"
+        )
+    if "action" not in items:
+        raise ValueError(f"Collector: policy output has no 'action' key; it returned keys {sorted(map(str, items))}")
+    return items
+
+
+def _check_output(key: str, value: Any, n: int, device: torch.device) -> None:
+    if not isinstance(value, (Tensor, TensorDictBase)):
+        raise TypeError(
+            f"Collector: policy output {key!r} must be a torch.Tensor of shape [{n}, ...], got {type(value).__name__}"
+        )
+    if value.dim() == 0 or value.shape[0] != n:
+        raise ValueError(
+            f"Collector: policy output {key!r} has shape {tuple(value.shape)}, expected a leading "
+            f"size of {n} (one row per env)"
+        )
+    if value.device != device:
+        raise ValueError(
+            f"Collector: policy output {key!r} is on device {value.device}, expected {device} (the collector's device)"
+        )
+
+
+def _value_key(items: Mapping[str, Any]) -> str | None:
+    """Which output is the value: ``"value"``, else TorchRL's ``"state_value"`` (what its ValueOperator writes)."""
+    if "value" in items:
+        return "value"
+    return "state_value" if "state_value" in items else None
+
+
+def _checked_value(key: str, value: Tensor, n: int) -> Tensor:
+    """``value`` as ``[n]`` floats: a ``[n, 1]`` value squeezed."""
+    if value.dim() == 2 and value.shape[1] == 1:
+        value = value.squeeze(1)
+    if value.dim() != 1 or not value.is_floating_point():
+        raise ValueError(
+            f"Collector: policy output {key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, "
+            f"expected a floating-point tensor of shape ({n},) or ({n}, 1)"
+        )
+    return value
+
+
+def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)
