@@ -24,18 +24,25 @@ from typing import Any, Protocol
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDictBase
 from torch import Tensor
 
 __all__ = ["EnvDriver", "StepRecord"]
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """One step of some (or all) envs, as the loop reads it.
+# One value per env of a record: NumPy arrays for the host drivers, tensors on the env's device for the torch one.
+PerEnv = np.ndarray | Tensor
+# Observations as the env returns them: an array or tensor, or a dict (TensorDict) of them for Dict spaces.
+Observations = np.ndarray | Tensor | Mapping[str, Any] | TensorDictBase
 
-    Arrays are NumPy arrays for the host drivers and tensors on the env's
-    device for :class:`~torch_rollout._torch_envs.TorchEnvs`; each has one row
-    per env of ``ids``.
+
+@dataclass(slots=True, kw_only=True)
+class StepRecord:
+    """One step of some (or all) envs, as the loop reads it; named as the batch keys the loop writes from it.
+
+    Every array has one row per env of ``ids``: NumPy arrays for the host
+    drivers, tensors on the env's device for
+    :class:`~torch_rollout._torch_envs.TorchEnvs`.
 
     Attributes:
         obs: the observation each env acts on next (after any reset).
@@ -43,30 +50,32 @@ class StepRecord:
         reward: the rewards of the envs' previous steps; None when no env of ``ids``
             has a result (the first record after a reset).
         terminated, truncated: the flags of those steps.
+        done: ``terminated | truncated``, as the driver computed it.
         stepped: which rows of ``ids`` hold a result (None: all of them, when ``reward`` is set).
-        real: whether each step was a transition (False on NEXT_STEP's reset steps); None: all were.
+        mask: whether each step was a transition (the batch's ``mask``: False on NEXT_STEP's reset
+            steps); None: all were.
         episode_return, episode_length: the totals of each env's episode up to and including the step.
-        starts: whether each env's next row starts an episode (its recurrent state is reset).
+        is_init: whether each env's next row starts an episode (the batch's ``is_init``: its recurrent
+            state is reset).
         final: the observations that ended episodes, where the env returned them apart from
             ``obs`` (SAME_STEP, DISABLED): dense rows for the device driver, ``(index, rows)`` of the
             envs that ended for the host drivers; None when no episode ended or ``obs`` holds them.
         info: the step's infos as the env returned them.
-        done: ``terminated | truncated``, as the driver computed it.
     """
 
-    obs: Any
+    obs: Observations | None
     ids: np.ndarray | None = None
-    reward: Any = None
-    terminated: Any = None
-    truncated: Any = None
+    reward: PerEnv | None = None
+    terminated: PerEnv | None = None
+    truncated: PerEnv | None = None
+    done: PerEnv | None = None
     stepped: np.ndarray | None = None
-    real: Any = None
-    episode_return: Any = None
-    episode_length: Any = None
-    starts: Any = None
-    final: Any = None
-    info: Any = None
-    done: Any = None
+    mask: PerEnv | None = None
+    episode_return: PerEnv | None = None
+    episode_length: PerEnv | None = None
+    is_init: PerEnv | None = None
+    final: tuple[np.ndarray, Observations] | Observations | None = None
+    info: Mapping[str, Any] | None = None
 
 
 class EnvDriver(Protocol):

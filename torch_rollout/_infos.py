@@ -210,9 +210,9 @@ class InfoRecorder:
         t: int,
         infos: Mapping[str, Any],
         done: np.ndarray,
-        real: np.ndarray | None,
+        mask: np.ndarray | None,
     ) -> None:
-        """Writes row ``t`` from the infos of step ``t``; ``real`` is False on NEXT_STEP reset rows."""
+        """Writes row ``t`` from the infos of step ``t``; ``mask`` is False on NEXT_STEP reset rows."""
         n = self.num_envs
         final = infos.get("final_info") if self.autoreset_mode == AutoresetMode.SAME_STEP and done.any() else None
         for key, structure in self.structures.items():
@@ -221,8 +221,8 @@ class InfoRecorder:
             if isinstance(final, Mapping):
                 ended = done & _presence(infos, "final_info", n) & _presence(final, key, n)
                 top &= ~ended
-            if real is not None:
-                top &= real
+            if mask is not None:
+                top &= mask
             present = rows[("_" + key,)][t]
             np.logical_or(top, ended, out=present)
             for source, where in ((infos, top), (final, ended)):

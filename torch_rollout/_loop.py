@@ -316,16 +316,16 @@ class RolloutLoop:
         """The recurrent state of the envs' next rows: the carried one, or the initial one where an episode starts."""
         ids = record.ids
         if ids is None:
-            self.state = self._reset_state(self.carried, record.starts, self.initial_state)
-            self.is_init = record.starts
+            self.state = self._reset_state(self.carried, record.is_init, self.initial_state)
+            self.is_init = record.is_init
             return
         if record.stepped is not None:
-            ids, starts = ids[record.stepped], record.starts[record.stepped]
+            ids, is_init = ids[record.stepped], record.is_init[record.stepped]
         else:
-            starts = record.starts
+            is_init = record.is_init
         index = torch.from_numpy(ids).to(self.device)
-        self.state[index] = self._reset_state(self.carried[index], starts, self.initial_state[index])
-        self.is_init[ids] = starts
+        self.state[index] = self._reset_state(self.carried[index], is_init, self.initial_state[index])
+        self.is_init[ids] = is_init
 
     def _write_results(self, record: StepRecord, rows: np.ndarray) -> None:
         """Writes the results of the envs of ``record`` that stepped into the rows ``rows`` they acted on."""
@@ -333,7 +333,7 @@ class RolloutLoop:
         if self.infos is not None:  # recorded over the record's envs, then taken env by env
             self._learn_infos(record)
             info = self.infos.empty_rows(1)
-            self.infos.record(info, 0, record.info, record.done, record.real)
+            self.infos.record(info, 0, record.info, record.done, record.mask)
             info = {path: array[0] for path, array in info.items()}
         ids, stepped = record.ids, record.stepped
         if stepped is not None:
@@ -442,14 +442,14 @@ class RolloutLoop:
         return to_device(is_init, self.device)
 
     def _reset_state(
-        self, carried: TensorDictBase, starts: np.ndarray | Tensor, initial: TensorDictBase
+        self, carried: TensorDictBase, is_init: np.ndarray | Tensor, initial: TensorDictBase
     ) -> TensorDictBase:
         """``carried``, with the rows of ``initial`` for the envs that start an episode (dense on the device)."""
-        if isinstance(starts, np.ndarray):
-            if not starts.any():
+        if isinstance(is_init, np.ndarray):
+            if not is_init.any():
                 return carried
-            starts = torch.from_numpy(starts)
-        rows = to_device(starts, self.device)
+            is_init = torch.from_numpy(is_init)
+        rows = to_device(is_init, self.device)
 
         def reset(first: Tensor, now: Tensor) -> Tensor:
             return torch.where(rows.view(-1, *(1,) * (now.dim() - 1)), first, now)
@@ -484,13 +484,11 @@ class RolloutLoop:
 def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:
     """The results of the rows ``sel`` of a record."""
     return StepRecord(
-        None,
-        None,
-        record.reward[sel],
-        record.terminated[sel],
-        record.truncated[sel],
-        None,
-        None if record.real is None else record.real[sel],
-        record.episode_return[sel],
-        record.episode_length[sel],
+        obs=None,
+        reward=record.reward[sel],
+        terminated=record.terminated[sel],
+        truncated=record.truncated[sel],
+        mask=None if record.mask is None else record.mask[sel],
+        episode_return=record.episode_return[sel],
+        episode_length=record.episode_length[sel],
     )

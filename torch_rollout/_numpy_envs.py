@@ -113,7 +113,7 @@ class NumpyEnvs(_HostEnvs):
     """Drives a gymnasium vector env of NumPy arrays, in any autoreset mode; every env steps at once.
 
     - NEXT_STEP: the step after an episode's end resets the env; it is no
-      transition (``real`` False), and the row after it starts the episode.
+      transition (``mask`` False), and the row after it starts the episode.
     - SAME_STEP: the env resets within the step that ends an episode; the final
       observations come from ``infos["final_obs"]``.
     - DISABLED: the driver resets the envs that ended with ``reset_mask``; the
@@ -141,7 +141,7 @@ class NumpyEnvs(_HostEnvs):
         self.prev_done = np.zeros(N, dtype=bool)  # NEXT_STEP: the next step of these envs is a reset
         self.ep_return = np.zeros(N, dtype=np.float32)
         self.ep_length = np.zeros(N, dtype=np.int64)
-        return StepRecord(obs)
+        return StepRecord(obs=obs)
 
     def send(self, action: Tensor, ids: np.ndarray | None) -> None:
         self.action = self.to_env_action(action)
@@ -154,16 +154,16 @@ class NumpyEnvs(_HostEnvs):
             self._check_finite(next_obs, reward, "envs.step()")
         done = terminated | truncated
         mode = self.autoreset_mode
-        real = None
+        mask = None
         if mode == AutoresetMode.NEXT_STEP:
             # This step reset the envs that ended last step: not a real transition.
-            real = ~self.prev_done
+            mask = ~self.prev_done
             self.prev_done = done
-            self.ep_length += real
-            starts = ~real  # an env's step after its reset step starts its episode
+            self.ep_length += mask
+            is_init = ~mask  # an env's step after its reset step starts its episode
         else:
             self.ep_length += 1
-            starts = done
+            is_init = done
         self.ep_return += reward
         ep_return, ep_length = self.ep_return, self.ep_length  # read before the next step
         final = None
@@ -174,19 +174,17 @@ class NumpyEnvs(_HostEnvs):
             if mode != AutoresetMode.NEXT_STEP:
                 next_obs, final = self._end_episodes(done, next_obs, info)
         return StepRecord(
-            next_obs,
-            None,
-            reward,
-            terminated,
-            truncated,
-            None,
-            real,
-            ep_return,
-            ep_length,
-            starts,
-            final,
-            info,
+            obs=next_obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
             done=done,
+            mask=mask,
+            episode_return=ep_return,
+            episode_length=ep_length,
+            is_init=is_init,
+            final=final,
+            info=info,
         )
 
     def _end_episodes(self, done: np.ndarray, next_obs: Any, info: dict) -> tuple[Any, Any]:
@@ -325,10 +323,10 @@ class SendRecvEnvs(_HostEnvs):
         stepped = self.pending[ids]  # these envs' results end the rows they acted on last
         self.pending[ids] = False
         if not stepped.any():
-            return StepRecord(obs, ids, info=info)
-        real = ~self.prev_done[ids]  # this step reset envs that ended at their last one: not a transition
+            return StepRecord(obs=obs, ids=ids, info=info)
+        mask = ~self.prev_done[ids]  # this step reset envs that ended at their last one: not a transition
         done = terminated | truncated
-        ep_length = self.ep_length[ids] + real
+        ep_length = self.ep_length[ids] + mask
         ep_return = self.ep_return[ids] + reward
         if stepped.all():  # the usual case: every env that came back had been sent an action
             stepped = None
@@ -341,17 +339,16 @@ class SendRecvEnvs(_HostEnvs):
             self.ep_length[results] = np.where(done, 0, ep_length)[stepped]
             self.ep_return[results] = np.where(done, 0.0, ep_return)[stepped]
         return StepRecord(
-            obs,
-            ids,
-            reward,
-            terminated,
-            truncated,
-            stepped,
-            real,
-            ep_return,
-            ep_length,
-            ~real,
-            None,
-            info,
+            obs=obs,
+            ids=ids,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
             done=done,
+            stepped=stepped,
+            mask=mask,
+            episode_return=ep_return,
+            episode_length=ep_length,
+            is_init=~mask,
+            info=info,
         )

@@ -147,12 +147,18 @@ class Thread(Backend):
         try:
             if prefetch == 0:
                 check_policy_device(policy, device)
-                runner = policy
+                acting_policy = policy
             else:
                 why, fix = self.copy_reason(prefetch)
-                runner = acting_copy(policy, device, why=why, fix=fix)
+                acting_policy = acting_copy(policy, device, why=why, fix=fix)
             return ThreadPlacement(
-                built, runner, spec, owns_envs=owns_envs, owned=runner is not policy, device=device, seed=seed
+                built,
+                acting_policy,
+                spec,
+                owns_envs=owns_envs,
+                owned=acting_policy is not policy,
+                device=device,
+                seed=seed,
             )
         except BaseException:
             if owns_envs:
@@ -210,13 +216,13 @@ class Processes(Backend):
 
         why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
-        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
-        weights = sum(t.nbytes for t in itertools.chain(runner.parameters(), runner.buffers()))
+        acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
+        weights = sum(t.nbytes for t in itertools.chain(acting_policy.parameters(), acting_policy.buffers()))
         check_shared_memory(weights, "the policy's weights (the copy of them that the worker processes share)")
-        runner.share_memory()
+        acting_policy.share_memory()
         return ProcessPlacement(
             envs,
-            runner,
+            acting_policy,
             spec,
             num_envs=num_envs,
             num_workers=self.num_workers,
@@ -274,10 +280,10 @@ class Ray(Backend):
 
         why, fix = self.copy_reason(prefetch)
         # The acting copy stays in the trainer; Ray's object store carries it to the actors.
-        runner = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
+        acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
         return RayPlacement(
             envs,
-            runner,
+            acting_policy,
             spec,
             num_envs=num_envs,
             num_workers=self.num_workers,

@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -40,7 +41,8 @@ from torch import Tensor, nn
 from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
-from torch_rollout._loop import Stopped
+from torch_rollout._loop import RolloutLoop, Stopped
+from torch_rollout._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
@@ -107,7 +109,7 @@ class ProcessPlacement(RemotePlacement):
 
     Args:
         recipe: env id or ``make_envs(num_envs[, start_index])``, pickled to each worker.
-        shared_policy: the acting copy, already in shared memory (its tensors are refreshed in place).
+        acting_policy: the acting copy, already in shared memory (its tensors are refreshed in place).
         spec: the loops' settings, pickled to each worker.
         num_envs: envs in all (``N``), split into contiguous shares.
         num_workers: worker processes (``K``).
@@ -130,7 +132,7 @@ class ProcessPlacement(RemotePlacement):
     def __init__(
         self,
         recipe: EnvRecipe,
-        shared_policy: nn.Module,
+        acting_policy: nn.Module,
         spec: LoopSpec,
         *,
         num_envs: int,
@@ -143,11 +145,11 @@ class ProcessPlacement(RemotePlacement):
         super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         self.timeout = startup_timeout  # the collector's timeout: also how long a refresh waits for a forward pass
         ctx = _context()
-        self.weights = dict(named_weights(shared_policy))
+        self.weights = dict(named_weights(acting_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
-        self._row_bytes = [0] * num_workers  # each worker's RolloutLoop.min_row_bytes(), from its "ready"
+        self._row_bytes = [0] * num_workers  # each worker's RolloutLoop.min_row_bytes(), from its Ready
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         try:
@@ -157,19 +159,21 @@ class ProcessPlacement(RemotePlacement):
                     target=_worker_main,
                     name=f"torch_rollout-worker-{index}",
                     args=(
-                        index,
+                        _WorkerSetup(
+                            index=index,
+                            recipe=recipe,
+                            spec=spec,
+                            num_envs=count,
+                            start_index=start,
+                            device=device,
+                            seed=None if seed is None else seed + start,
+                            num_slots=prefetch + 1,
+                            rng_seed=worker_rng_seed(index),
+                        ),
                         child_end,
-                        recipe,
-                        spec,
-                        count,
-                        start,
-                        shared_policy,
+                        acting_policy,
                         self.locks[index],
                         self.control,
-                        device,
-                        None if seed is None else seed + start,
-                        prefetch + 1,
-                        worker_rng_seed(index),
                     ),
                 )
                 process.start()
@@ -245,7 +249,7 @@ class ProcessPlacement(RemotePlacement):
         with sigint_deferred():
             for conn, (start, _) in zip(self.conns, self.shares):
                 try:
-                    conn.send(("reseed", None if seed is None else seed + start))
+                    conn.send(Reseed(None if seed is None else seed + start))
                 except OSError:  # a worker that died: wait() reports why
                     pass
 
@@ -255,7 +259,7 @@ class ProcessPlacement(RemotePlacement):
             self.requested += 1
             for conn in self.conns:
                 try:
-                    conn.send(None)
+                    conn.send(COLLECT)
                 except OSError:  # a worker that died: wait() reports why
                     pass
 
@@ -289,12 +293,11 @@ class ProcessPlacement(RemotePlacement):
     def _who(self, k: int) -> str:
         return f"worker {k} (pid {self.processes[k].pid})"
 
-    def _unpack(self, k: int, message: tuple) -> Any:
-        tag, payload = message[0], message[1:]
-        if tag == "ready":
-            self._row_bytes[k] = payload[0]["row_bytes"]
-            return payload[0]
-        index, slots = payload
+    def _unpack(self, k: int, message: Ready | Batch) -> Any:
+        if isinstance(message, Ready):
+            self._row_bytes[k] = message.info["row_bytes"]
+            return message.info
+        slots = message.slots
         if slots is not None:
             # They arrive locked (share_memory_() locks a TensorDict), and a locked TensorDict caches the key
             # views that torch.cat takes, which refer back to it: a reference cycle that kept the slots' shared
@@ -304,10 +307,10 @@ class ProcessPlacement(RemotePlacement):
             self.slots[k] = slots
             # The slots' file descriptors came from the worker's resource sharer: it may go on now.
             try:
-                self.conns[k].send("ack")
+                self.conns[k].send(SLOTS_MAPPED)
             except OSError:  # it died meanwhile: its next message is the end of its pipe
                 pass
-        return index
+        return message.data  # the slot's index
 
     def _death(self, k: int, kind: str) -> RuntimeError:
         process = self.processes[k]
@@ -343,7 +346,7 @@ class ProcessPlacement(RemotePlacement):
         self.control[_STOP] = 1  # a worker inside a batch stops at its next step
         for conn in self.conns:
             try:
-                conn.send("stop")
+                conn.send(STOP)
             except (OSError, ValueError):  # its worker is gone already
                 pass
         deadline = time.monotonic() + min(join_timeout, _EXIT_WAIT)
@@ -373,21 +376,63 @@ class ProcessPlacement(RemotePlacement):
 # -- the worker process -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class _WorkerSetup:
+    """What worker process ``index`` is started with, besides the objects it shares with the trainer."""
+
+    index: int
+    recipe: EnvRecipe
+    spec: LoopSpec
+    num_envs: int  # of its share
+    start_index: int  # the global index of its first env
+    device: torch.device  # where it runs the policy
+    seed: int | None  # of its first env
+    num_slots: int  # prefetch + 1 batch slots in shared memory
+    rng_seed: int  # of its sampling stream
+
+
 def _worker_main(
-    index: int,
-    conn: multiprocessing.connection.Connection,
-    recipe: EnvRecipe,
-    spec: LoopSpec,
-    num_envs: int,
-    start_index: int,
-    policy: nn.Module,
-    lock: Any,
-    control: torch.Tensor,
-    device: torch.device,
-    seed: int | None,
-    num_slots: int,
-    rng_seed: int,
+    setup: _WorkerSetup, conn: multiprocessing.connection.Connection, policy: nn.Module, lock: Any, control: Tensor
 ) -> None:
+    """A worker process: builds its envs, says it is ready, then serves the trainer's requests until it stops."""
+    _set_up_worker_process(setup.rng_seed)
+    ctrl = control.numpy()
+    envs = None
+    try:
+        with torch.no_grad():
+            envs = build_envs(setup.recipe, setup.num_envs, start_index=setup.start_index)
+            forward = _WorkerForward(policy, lock, ctrl, setup.device, setup.spec, setup.num_envs)
+            loop = worker_loop(
+                envs,
+                setup.spec,
+                forward,
+                start_index=setup.start_index,
+                device=setup.device,
+                seed=setup.seed,
+                stop=lambda: bool(ctrl[_STOP]),
+            )
+            conn.send(
+                Ready(
+                    {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
+                )
+            )
+            _serve(conn, loop, setup)
+    except (Stopped, EOFError, BrokenPipeError):
+        pass
+    except BaseException as exc:
+        if not ctrl[_STOP]:
+            if envs is not None:
+                exc = explain_env_error(envs, exc, env_offset=setup.start_index)
+            conn.send(error_message(exc, ForkingPickler.dumps))
+    finally:
+        if envs is not None:
+            try:
+                envs.close()
+            except Exception:
+                pass
+
+
+def _set_up_worker_process(rng_seed: int) -> None:
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # K workers and the trainer share the cores; a team per process would spin
@@ -398,57 +443,46 @@ def _worker_main(
         # measured). Fork them from this process instead, before any thread of its own is started.
         multiprocessing.set_start_method("fork", force=True)
     _watch_parent()
-    ctrl = control.numpy()
-    envs = None
-    try:
-        with torch.no_grad():
-            envs = build_envs(recipe, num_envs, start_index=start_index)
-            forward = _WorkerForward(policy, lock, ctrl, device, spec, num_envs)
-            loop = worker_loop(
-                envs, spec, forward, start_index=start_index, device=device, seed=seed, stop=lambda: bool(ctrl[_STOP])
-            )
-            ready = {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
-            conn.send(("ready", ready))
-            slots: list[TensorDict] = []
-            credits = 0  # requests that arrived while the worker waited for the parent to map its slots
-            produced = 0
-            while True:
-                if credits:
-                    credits -= 1
-                else:
-                    message = conn.recv()
-                    if isinstance(message, tuple):  # ("reseed", seed), before the first request
-                        loop.reseed(message[1])
-                        continue
-                    if message is not None:  # "stop"
-                        break
-                i = produced % num_slots
-                if slots:
-                    loop.collect(slots[i])
-                    conn.send(("batch", i, None))
-                else:
-                    # The first batch tells the policy's outputs: allocate every slot like it, once. Their
-                    # file descriptors are served by this process until the parent acknowledges them.
-                    slots = _shared_slots(loop.collect(), num_slots, index)
-                    conn.send(("batch", i, slots))
-                    while (message := conn.recv()) != "ack":
-                        if message is not None:
-                            return
-                        credits += 1
-                produced += 1
-    except (Stopped, EOFError, BrokenPipeError):
-        pass
-    except BaseException as exc:
-        if not ctrl[_STOP]:
-            if envs is not None:
-                exc = explain_env_error(envs, exc, env_offset=start_index)
-            conn.send(error_message(exc, ForkingPickler.dumps))
-    finally:
-        if envs is not None:
-            try:
-                envs.close()
-            except Exception:
-                pass
+
+
+def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: _WorkerSetup) -> None:
+    """Answers each :data:`COLLECT` with a batch written into the next slot, until :data:`STOP`."""
+    slots: list[TensorDict] = []
+    credits = 0  # requests that arrived while the worker waited for the trainer to map its slots
+    produced = 0
+    while True:
+        if credits:
+            credits -= 1
+        else:
+            message = conn.recv()
+            if isinstance(message, Reseed):  # before the first request
+                loop.reseed(message.seed)
+                continue
+            if isinstance(message, Stop):
+                return
+        i = produced % setup.num_slots
+        if slots:
+            loop.collect(slots[i])
+            conn.send(Batch(i))
+        else:
+            # The first batch tells the policy's outputs: allocate every slot like it, once. Their
+            # file descriptors are served by this process until the trainer has mapped them.
+            slots = _shared_slots(loop.collect(), setup.num_slots, setup.index)
+            conn.send(Batch(i, slots))
+            credits = _await_mapped(conn)
+            if credits is None:
+                return
+        produced += 1
+
+
+def _await_mapped(conn: multiprocessing.connection.Connection) -> int | None:
+    """Waits for :data:`SLOTS_MAPPED`: the requests that came meanwhile, or None for :data:`STOP`."""
+    credits = 0
+    while not isinstance(message := conn.recv(), SlotsMapped):
+        if isinstance(message, Stop):
+            return None
+        credits += 1
+    return credits
 
 
 def _shared_slots(first: TensorDict, num_slots: int, index: int) -> list[TensorDict]:
@@ -486,17 +520,19 @@ class _WorkerForward:
         self.device = device
         # On the CPU the worker runs the shared copy itself; elsewhere a copy on its device,
         # refreshed from the shared one whenever the version changes.
-        self.runner = shared if device.type == "cpu" else copy.deepcopy(shared).to(device).eval()
-        # With compile_options, this worker compiles its own calls of the runner (at the first one).
-        self.act = acting_call(self.runner, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True)
+        self.acting_policy = shared if device.type == "cpu" else copy.deepcopy(shared).to(device).eval()
+        # With compile_options, this worker compiles its own calls of the acting_policy (at the first one).
+        self.act = acting_call(
+            self.acting_policy, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True
+        )
         self.seen = -1
 
     def __call__(self, call: PolicyCall) -> tuple[Any, int]:
         with self.lock:
             version = int(self.ctrl[_VERSION])
             if version != self.seen:
-                if self.runner is not self.shared:
-                    for dst, src in zip(self.runner.state_dict().values(), self.shared.state_dict().values()):
+                if self.acting_policy is not self.shared:
+                    for dst, src in zip(self.acting_policy.state_dict().values(), self.shared.state_dict().values()):
                         dst.copy_(src)
                 self.seen = version
             return self.act(call), version

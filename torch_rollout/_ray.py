@@ -31,6 +31,7 @@ from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import Stopped
+from torch_rollout._messages import STOP, Batch, Failed, Ready
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
@@ -93,7 +94,7 @@ class RayPlacement(RemotePlacement):
 
     Args:
         recipe: env id or ``make_envs(num_envs[, start_index])``, sent to each actor (cloudpickle).
-        runner: the acting copy of the policy on the CPU; it stays in the trainer (its tensors
+        acting_policy: the acting copy of the policy on the CPU; it stays in the trainer (its tensors
             become views of one flat buffer, published at each refresh).
         spec: the loops' settings, sent to each actor.
         num_envs: envs in all (``N``), split into contiguous shares.
@@ -124,7 +125,7 @@ class RayPlacement(RemotePlacement):
     def __init__(
         self,
         recipe: EnvRecipe,
-        runner: nn.Module,
+        acting_policy: nn.Module,
         spec: LoopSpec,
         *,
         num_envs: int,
@@ -148,8 +149,8 @@ class RayPlacement(RemotePlacement):
         self.where: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # node, pid, actor of each worker
         # Weights: version 0 travels inside the set-up payload; later ones as one object per refresh.
         self._version = 0
-        self._flat = flatten_weights_(runner, torch.device("cpu"))
-        self.weights = dict(named_weights(runner))  # views of the flat buffer
+        self._flat = flatten_weights_(acting_policy, torch.device("cpu"))
+        self.weights = dict(named_weights(acting_policy))  # views of the flat buffer
         self._weights: Any = None
         self._sent = [0] * num_workers  # the version each worker holds once its queued requests ran
         self.startup_timeout = startup_timeout
@@ -161,7 +162,7 @@ class RayPlacement(RemotePlacement):
                 f"Collector: Ray(options={dict(options)!r}) are not valid Ray actor options: {exc}"
             ) from exc
         try:
-            self._payload = ray.put((recipe, runner, spec))
+            self._payload = ray.put((recipe, acting_policy, spec))
             self._ready_refs = [self._start(k) for k in range(num_workers)]
             self.autoreset_mode = self._await_ready(
                 startup_timeout,
@@ -263,8 +264,8 @@ class RayPlacement(RemotePlacement):
             else:
                 self._failure = self._death(k, kind, exc)
             return
-        if message[0] == "ready":
-            self.where[k] = message[1]
+        if isinstance(message, Ready):
+            self.where[k] = message.info
         self._record(k, message)
 
     def _assemble(self, parts: list[dict[Any, Any]]) -> TensorDict:
@@ -331,10 +332,10 @@ class RayPlacement(RemotePlacement):
         except self.ray.exceptions.RayError as error:  # GetTimeoutError too
             self._failure = self._death(k, "ready", error)
             return
-        if message[0] == "error":
-            self._failure = self._remote_error(k, message[1], message[2])
+        if isinstance(message, Failed):
+            self._failure = self._remote_error(k, message.error, message.traceback)
             return
-        self.where[k] = message[1]
+        self.where[k] = message.info
         # Its answers not received yet are lost with the old actor (those it finished too: the envs they
         # continued are gone). Ask again, in order, from the new envs.
         for refs in self._pending:
@@ -392,8 +393,9 @@ def _connect(ray: Any) -> bool:
 class _RayWorker:
     """One Ray actor: a share of the envs, the collection loop, and a copy of the policy.
 
-    Every method answers with a message instead of raising: ``("ready", info)``,
-    ``("batch", arrays)`` or ``("error", exception, traceback_text)``.
+    Every method answers with a message of :mod:`torch_rollout._messages` instead of
+    raising: :class:`Ready`, :class:`Batch` (its arrays), :class:`Failed`, or :data:`STOP`
+    once the collection was stopped.
     """
 
     def __init__(self) -> None:
@@ -420,12 +422,12 @@ class _RayWorker:
             torch.set_num_threads(max(1, int(context.get_assigned_resources().get("CPU", 1))))
             torch.manual_seed(rng_seed)  # a sampling stream of its own, fixed by the trainer's torch.manual_seed
             device = torch.device("cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
-            self.runner = policy.to(device)
-            self.flat = flatten_weights_(self.runner, device)
+            self.acting_policy = policy.to(device)
+            self.flat = flatten_weights_(self.acting_policy, device)
             self.version = 0
-            # With compile_options, this actor compiles its own calls of the runner (at the first one).
+            # With compile_options, this actor compiles its own calls of the acting_policy (at the first one).
             self.act = acting_call(
-                self.runner, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True
+                self.acting_policy, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True
             )
             with torch.no_grad():
                 self.envs = build_envs(recipe, num_envs, start_index=start_index)
@@ -440,7 +442,7 @@ class _RayWorker:
                 )
         except BaseException as exc:
             return self._error(exc)
-        return ("ready", {**info, "autoreset_mode": self.loop.autoreset_mode.value})
+        return Ready({**info, "autoreset_mode": self.loop.autoreset_mode.value})
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
         return self.act(call), self.version
@@ -457,10 +459,10 @@ class _RayWorker:
                 self.out = self.loop.collect(self.out)  # serialized by Ray on return: the next batch may reuse it
             arrays = {key: _numpy(value) for key, value in self.out.items(include_nested=True, leaves_only=True)}
         except Stopped:
-            return ("stopped",)
+            return STOP
         except BaseException as exc:
             return self._error(exc)
-        return ("batch", arrays)
+        return Batch(arrays)
 
     def _load(self, weights: np.ndarray) -> None:
         if self.flat.device.type == "cpu":
@@ -470,7 +472,7 @@ class _RayWorker:
                 warnings.simplefilter("ignore", UserWarning)
                 self.flat.copy_(torch.from_numpy(weights))
 
-    def _error(self, exc: BaseException) -> tuple:
+    def _error(self, exc: BaseException) -> Failed:
         import ray
 
         if self.envs is not None:

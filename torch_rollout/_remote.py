@@ -1,10 +1,10 @@
 """What the placements in other processes share: the K workers' bookkeeping in the trainer, and the worker's set-up.
 
 A remote placement (worker processes, Ray actors) asks each of its ``K``
-workers for its share of every batch and gathers one message per worker:
-``("ready", info)`` once its envs are built (they are reset by its first batch), then one per batch, or
-``("error", exception, traceback_text)``. :class:`RemotePlacement` keeps what has
-arrived, the first failure, and the results for the consumer; a subclass only
+workers for its share of every batch and gathers one message per worker
+(:mod:`torch_rollout._messages`): :class:`Ready` once its envs are built (they are
+reset by its first batch), then a :class:`Batch` per request, or :class:`Failed`.
+:class:`RemotePlacement` keeps what has arrived, the first failure, and the results for the consumer; a subclass only
 says how to wait for its workers' messages and how to put their shares
 together. On the worker's side, :func:`worker_loop` and
 :func:`error_message` are the set-up and the error reply that every worker uses.
@@ -29,6 +29,7 @@ from torch_rollout._acting import Forward
 from torch_rollout._drivers import make_loop
 from torch_rollout._envs import RemoteTraceback, split_envs
 from torch_rollout._loop import RolloutLoop
+from torch_rollout._messages import Batch, Failed, Ready, Stop
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
@@ -68,9 +69,9 @@ class RemotePlacement:
         """Waits up to ``timeout`` s for a message of ``kind`` from the ``pending`` workers; records what comes."""
         raise NotImplementedError
 
-    def _unpack(self, k: int, message: tuple) -> Any:
+    def _unpack(self, k: int, message: Ready | Batch) -> Any:
         """What to keep of worker ``k``'s message (not an error) for :meth:`_assemble`."""
-        return message[1]
+        return message.info if isinstance(message, Ready) else message.data
 
     def _assemble(self, parts: list[Any]) -> TensorDict:
         """The workers' shares, in worker order, as one ``[T, N]`` batch on ``device``."""
@@ -85,11 +86,11 @@ class RemotePlacement:
 
     # -- the shared bookkeeping ----------------------------------------------------------------
 
-    def _record(self, k: int, message: tuple) -> None:
+    def _record(self, k: int, message: Ready | Batch | Failed) -> None:
         """Keeps worker ``k``'s message, or makes its error the failure."""
-        if message[0] == "error":
-            self._failure = self._remote_error(k, message[1], message[2])
-        else:
+        if isinstance(message, Failed):
+            self._failure = self._remote_error(k, message.error, message.traceback)
+        elif not isinstance(message, Stop):  # a worker stopped by close() has nothing to give
             self._received[k] = self._unpack(k, message)
 
     def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
@@ -117,7 +118,7 @@ class RemotePlacement:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
 
     def _await_ready(self, timeout: float | None, waiting_for: str) -> AutoresetMode:
-        """Gathers every worker's ``("ready", info)`` (its envs built); returns their autoreset mode.
+        """Gathers every worker's :class:`Ready` (its envs built); returns their autoreset mode.
 
         ``waiting_for`` ends the TimeoutError's message ``the workers did not ... within timeout=``.
         """
@@ -215,8 +216,8 @@ def worker_rng_seed(k: int, restart: int = 0) -> int:
     return (z ^ (z >> 31)) % 2**63
 
 
-def error_message(exc: BaseException, dumps: Callable[[Any], Any]) -> tuple[str, BaseException, str]:
-    """A worker's error reply: ``("error", exc, traceback text)``, ``exc`` replaced where ``dumps`` cannot send it.
+def error_message(exc: BaseException, dumps: Callable[[Any], Any]) -> Failed:
+    """A worker's error reply: :class:`Failed`, ``exc`` replaced where ``dumps`` cannot send it.
 
     An exception that cannot be pickled still sends its type name and message, as a RuntimeError.
     """
@@ -225,4 +226,4 @@ def error_message(exc: BaseException, dumps: Callable[[Any], Any]) -> tuple[str,
         dumps(exc)
     except Exception:
         exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
-    return ("error", exc, text)
+    return Failed(exc, text)

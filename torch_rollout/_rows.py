@@ -264,7 +264,7 @@ class HostRows(_Rows):
         if infos is not None:  # its structure learnt by the loop from the first step
             if self.info is None:
                 self.info = infos.empty_rows(self.T)
-            infos.record(self.info, t, record.info, record.done, record.real)
+            infos.record(self.info, t, record.info, record.done, record.mask)
 
     def put_results_at(self, flat: np.ndarray, record: StepRecord, info: dict | None) -> None:
         """Stores results at flat positions; ``record`` and ``info`` (recorded rows per leaf) hold only theirs."""
@@ -376,14 +376,14 @@ class DeviceRows(_Rows):
         copy_into(views["truncated"][index], record.truncated)
         copy_into(views["episode_return"][index], record.episode_return)
         copy_into(views["episode_length"][index], record.episode_length)
-        if record.real is not None:
-            copy_into(views["mask"][index], record.real)
+        if record.mask is not None:
+            copy_into(views["mask"][index], record.mask)
         self.filled += self.N
         infos = self.infos
         if infos is not None:
             if self.info is None:
                 self.info = infos.empty_rows(record.info, self.T, self.store)
-            infos.record(self.info, index, record.info, record.done, record.real)
+            infos.record(self.info, index, record.info, record.done, record.mask)
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
         device = self.layout.device
@@ -423,8 +423,8 @@ def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, recor
     host["truncated"][index] = record.truncated
     host["episode_return"][index] = record.episode_return
     host["episode_length"][index] = record.episode_length
-    if record.real is not None:
-        host["mask"][index] = record.real
+    if record.mask is not None:
+        host["mask"][index] = record.mask
 
 
 def _write_row(rows: tuple[Tensor, ...] | None, store: Any, t: int, value: Any) -> None:

@@ -55,7 +55,7 @@ class ThreadPlacement:
     def __init__(
         self,
         envs: VectorEnv,
-        runner: nn.Module,
+        acting_policy: nn.Module,
         spec: LoopSpec,
         *,
         owns_envs: bool,
@@ -64,13 +64,13 @@ class ThreadPlacement:
         seed: int | None,
     ):
         self.envs = envs
-        self.runner = runner
+        self.acting_policy = acting_policy
         self.owns_envs = owns_envs
         # The CUDA device the thread makes current at its start (a new thread starts on cuda:0): the policy's, else
         # the env's ("cuda": the consumer's current device).
         self.cuda_device = _cuda_device(device, getattr(envs, "device", None))
         # The acting copy's tensors (owned: the collector's copy, not the trainer's module; see call_policy).
-        self.weights = dict(named_weights(runner)) if owned else None
+        self.weights = dict(named_weights(acting_policy)) if owned else None
         self.lock = threading.Lock()
         self.version = 0
         self.requested = 0
@@ -79,7 +79,9 @@ class ThreadPlacement:
         self.loop: RolloutLoop = make_loop(envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set)
         self.autoreset_mode = self.loop.autoreset_mode
         # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
-        self.act = acting_call(runner, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned)
+        self.act = acting_call(
+            acting_policy, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
+        )
         self.num_envs = envs.num_envs
         self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()

@@ -101,7 +101,7 @@ class TorchEnvs:
             self.bounds = (low, high)
         self.action_dtype = torch.from_numpy(np.empty(0, dtype=space.dtype)).dtype
         self.missing_final = None
-        return StepRecord(obs)
+        return StepRecord(obs=obs)
 
     def send(self, action: Tensor, ids: np.ndarray | None) -> None:
         action = to_device(action, self.device)  # blocks when the env is on the CPU: it reads the actions at once
@@ -121,16 +121,16 @@ class TorchEnvs:
             self._check_finite(reward, "envs.step()", name="reward")
         done = terminated | truncated
         mode = self.autoreset_mode
-        real = None
+        mask = None
         if mode == AutoresetMode.NEXT_STEP:
             # This step reset the envs that ended last step: not a real transition.
-            real = ~self.prev_done
+            mask = ~self.prev_done
             self.prev_done = done
-            ep_length = self.ep_length + real
-            starts = ~real
+            ep_length = self.ep_length + mask
+            is_init = ~mask
         else:
             ep_length = self.ep_length + 1
-            starts = done
+            is_init = done
         ep_return = self.ep_return + reward
         self.ep_return = ep_return.masked_fill(done, 0.0)
         self.ep_length = ep_length.masked_fill(done, 0)
@@ -149,7 +149,17 @@ class TorchEnvs:
             if not self.keep_final:
                 final = None
         return StepRecord(
-            next_obs, None, reward, terminated, truncated, None, real, ep_return, ep_length, starts, final, info, done
+            obs=next_obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            done=done,
+            mask=mask,
+            episode_return=ep_return,
+            episode_length=ep_length,
+            is_init=is_init,
+            final=final,
+            info=info,
         )
 
     def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> TensorInfos:
@@ -293,7 +303,7 @@ class TensorInfos:
             rows["_" + key] = torch.zeros((T, self.num_envs), dtype=torch.bool, device=device)
         return TensorDict(rows, batch_size=[T, self.num_envs], device=device)
 
-    def record(self, rows: TensorDict, t: int, infos: Mapping[str, Any], done: Tensor, real: Tensor | None) -> None:
+    def record(self, rows: TensorDict, t: int, infos: Mapping[str, Any], done: Tensor, mask: Tensor | None) -> None:
         """Writes row ``t``: each key's value where present, 0 elsewhere, and its presence mask."""
         final = infos.get("final_info") or {}
         final_mask = infos.get("_final_info")
@@ -309,8 +319,8 @@ class TensorInfos:
                     covered = done if final_mask is None else done & final_mask.to(done.device, torch.bool)
                     value = _where(covered, ended, value)
                     present = present | covered
-            if real is not None:
-                present = present & real
+            if mask is not None:
+                present = present & mask
             present = present.to(rows.device)
             rows[key][t] = _where(present, value.to(rows.device), 0)
             rows["_" + key][t] = present

@@ -41,16 +41,16 @@ def acting_copy(policy: nn.Module, device: torch.device, *, why: str, fix: str) 
                 f"observations before building the Collector, or pass {fix} to act with the module itself"
             )
     try:
-        runner = copy.deepcopy(policy)
+        acting_policy = copy.deepcopy(policy)
     except Exception as exc:
         raise TypeError(
             f"Collector: {why} copies the policy but copy.deepcopy({type(policy).__name__}) failed ({exc}); "
             f"make it deep-copyable or pass {fix} to act with the module itself"
         ) from exc
-    runner.to(device)
-    runner.requires_grad_(False)
-    runner.eval()  # the collector always acts in eval mode (see call_policy)
-    return runner
+    acting_policy.to(device)
+    acting_policy.requires_grad_(False)
+    acting_policy.eval()  # the collector always acts in eval mode (see call_policy)
+    return acting_policy
 
 
 def check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: str) -> None:

@@ -163,7 +163,7 @@ def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
         gae_lambda=gae.gae_lambda,
     )
     # Reset rows of NEXT_STEP carry no transition: zero advantage, excluded by mask.
-    real = batch["mask"]
-    batch["advantage"] = torch.where(real, advantage, 0.0)
-    batch["return"] = torch.where(real, return_, value)
+    mask = batch["mask"]
+    batch["advantage"] = torch.where(mask, advantage, 0.0)
+    batch["return"] = torch.where(mask, return_, value)
     return batch

@@ -1,0 +1,63 @@
+"""The messages between the trainer and its workers (worker processes, Ray actors): small, named, picklable.
+
+The trainer sends :data:`COLLECT` (collect the next batch), :class:`Reseed` (reset
+the envs from this seed before the next batch), :data:`SLOTS_MAPPED` (the batch
+slots a worker process sent are mapped: it may let go of their file descriptors)
+and :data:`STOP`. A worker answers :class:`Ready` once its envs are built, then a
+:class:`Batch` per request, or :class:`Failed` with the error that ended it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["COLLECT", "SLOTS_MAPPED", "STOP", "Batch", "Collect", "Failed", "Ready", "Reseed", "SlotsMapped", "Stop"]
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    """Collect the next batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop collecting and exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsMapped:
+    """The trainer has mapped the batch slots that came with the worker's first batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reseed:
+    """Reset the envs from ``seed`` (the worker's first env's) before the next batch."""
+
+    seed: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker's envs are built: their autoreset mode and what the trainer checks before any batch."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The worker's share of a batch: a slot's index (worker processes, with the slots the first time) or arrays."""
+
+    data: Any
+    slots: list[Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The error that ended the worker's collection, with its traceback as text."""
+
+    error: BaseException
+    traceback: str
+
+
+COLLECT, STOP, SLOTS_MAPPED = Collect(), Stop(), SlotsMapped()
