@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from functools import partial
 
@@ -157,8 +158,10 @@ def test_wrapped_async_pool_and_seed_are_refused_or_named():
         Collector(wrapped, CountingPolicy(), num_steps=2, device="cpu", backend="thread")
     wrapped.close()
     message = "seed=5 cannot reach an EnvPool, whose envs were seeded when it was made (with seed=3)"
-    with pytest.warns(UserWarning, match=re.escape(message)):
+    with pytest.warns(UserWarning, match=re.escape(message)) as warned:
+        line = inspect.currentframe().f_lineno + 1  # the warning points at the user's line, not into the package
         Collector(pool, CountingPolicy(), num_steps=2, device="cpu", backend="thread", seed=5).close()
+    assert (warned[0].filename, warned[0].lineno) == (__file__, line)
     collect(pool, CountingPolicy(), num_batches=1, num_steps=2, seed=3)  # the pool's own seed: no warning
 
 

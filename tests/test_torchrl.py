@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -182,10 +183,12 @@ def test_a_probabilistic_module_that_does_not_sample_is_named():
         + r"'[\w.]+'"  # its name in the policy, which tensordict versions spell differently
         + re.escape(" has default_interaction_type=InteractionType.DETERMINISTIC, so the collector acts with it")
     )
-    with pytest.warns(UserWarning, match=message):
+    with pytest.warns(UserWarning, match=message) as warned:
+        line = inspect.currentframe().f_lineno + 1  # the warning points at the user's line, not into the package
         Collector(
             "CartPole-v1", policy, num_envs=1, num_steps=1, backend="thread", keys=BatchKeys(obs_key="observation")
         ).close()
+    assert (warned[0].filename, warned[0].lineno) == (__file__, line)
 
 
 def recipe(batch):

@@ -266,30 +266,52 @@ class RolloutLoop:
 
     def _act(self, record: StepRecord) -> None:
         """The policy's forward on ``record.obs``; stores it on each env's next row and sends its actions."""
+        if record.ids is None:
+            self._act_on_every_env(record)
+        else:
+            self._act_on_envs(record)
+
+    def _act_on_every_env(self, record: StepRecord) -> None:
+        t = self.step - self.first_row
+        self.step += 1
+        self.row = t
+        head = self.buffers[0]
+        obs_in = head.put_obs(t, record.obs)
+        state = None if self.initial_state is None else (self.state, self.is_init)
+        out_t, version, next_state = self._decide(obs_in, state, None, self.num_envs)
+        head.put_acted(t, out_t, version, state)
+        if state is not None:
+            self.carried = next_state
+
+    def _act_on_envs(self, record: StepRecord) -> None:
+        """The envs of a send/recv pool that came back: acted on at once, their rows written while they step."""
         ids = record.ids
-        if ids is None:  # every env, on one row
-            t = self.step - self.first_row
-            self.step += 1
-            self.row = t
-            head = self.buffers[0]
-            obs_in = head.put_obs(t, record.obs)
-            n = self.num_envs
-        else:
-            rows = self.acted[ids]
-            self.acted[ids] = rows + 1
-            places = self._locate(ids, rows, allocate=True)
-            obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
-            n = len(ids)
-        state = None
-        if self.initial_state is None:
-            call = PolicyCall(obs_in)
-        else:
-            if ids is None:
-                state = (self.state, self.is_init)
-            else:
-                index = torch.from_numpy(ids).to(self.device)
-                state = (self.state[index], self.is_init[ids])
-            call = PolicyCall(obs_in, state[0], self._is_init_tensor(state[1]))
+        rows = self.acted[ids]
+        self.acted[ids] = rows + 1
+        places = self._locate(ids, rows, allocate=True)
+        obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
+        state = index = None
+        if self.initial_state is not None:
+            index = torch.from_numpy(ids).to(self.device)
+            state = (self.state[index], self.is_init[ids])
+        out_t, version, next_state = self._decide(obs_in, state, ids, len(ids))
+        if self.storage_device.type == "cpu":
+            out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
+        for buffer, sel, flat in places:
+            buffer.put_obs_at(flat, select(record.obs, sel))
+            buffer.put_acted_at(flat, sel, out_t, version, state)
+        if state is not None:
+            self.carried[index] = next_state
+
+    def _decide(
+        self, obs: Obs, state: tuple[TensorDictBase, Any] | None, ids: np.ndarray | None, n: int
+    ) -> tuple[dict[str, Tensor], int, TensorDictBase | None]:
+        """The policy's checked outputs on ``n`` rows of ``obs``, whose actions it sends to the envs ``ids``.
+
+        Returns the outputs, the weights' version and a recurrent policy's next state. The envs of a
+        send/recv pool step from here on, while their rows are written.
+        """
+        call = PolicyCall(obs) if state is None else PolicyCall(obs, state[0], self._is_init_tensor(state[1]))
         out_t, version, next_state = self.acting.act(call, n)
         if self.outputs is None:
             self.outputs = self.acting.layout
@@ -298,19 +320,7 @@ class RolloutLoop:
         if self.check_finite:
             self._check_finite_action(out_t["action"], ids)
         self.driver.send(out_t["action"], ids)
-        # The envs step from here on (a send/recv pool's); the rows are written meanwhile.
-        if ids is None:
-            head.put_acted(t, out_t, version, state)
-            if state is not None:
-                self.carried = next_state
-            return
-        if self.storage_device.type == "cpu":
-            out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
-        for buffer, sel, flat in places:
-            buffer.put_obs_at(flat, select(record.obs, sel))
-            buffer.put_acted_at(flat, sel, out_t, version, state)
-        if state is not None:
-            self.carried[index] = next_state
+        return out_t, version, next_state
 
     def _advance_state(self, record: StepRecord) -> None:
         """The recurrent state of the envs' next rows: the carried one, or the initial one where an episode starts."""

@@ -8,7 +8,6 @@ envs that are ready. Both keep their bookkeeping in NumPy on the host.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -29,6 +28,7 @@ from torch_rollout._spaces import (
     select_obs,
     stack_final_obs,
 )
+from torch_rollout._warnings import warn
 
 __all__ = ["NumpyEnvs", "SendRecvEnvs", "is_async_pool"]
 
@@ -254,11 +254,9 @@ class SendRecvEnvs(_HostEnvs):
             return
         made = self.envs.config.get("seed")
         if seed is not None and seed != made:
-            warnings.warn(
+            warn(
                 f"Collector: seed={seed} cannot reach an EnvPool, whose envs were seeded when it was made "
-                f"(with seed={made}); make the pool with seed={seed}, or pass seed={made} or None",
-                UserWarning,
-                stacklevel=5,  # the Collector's caller (through the placement and the loop)
+                f"(with seed={made}); make the pool with seed={seed}, or pass seed={made} or None"
             )
 
     def reset(self, seed: int | None) -> None:

@@ -349,17 +349,7 @@ class ProcessPlacement(RemotePlacement):
                 conn.send(STOP)
             except (OSError, ValueError):  # its worker is gone already
                 pass
-        deadline = time.monotonic() + min(join_timeout, _EXIT_WAIT)
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.exitcode is None:
-                process.terminate()
-        for process in self.processes:
-            process.join(2.0)
-            if process.exitcode is None:
-                process.kill()
-                process.join()
+        _end_processes(self.processes, min(join_timeout, _EXIT_WAIT))
         for conn in self.conns:
             conn.close()
         for process in self.processes:
@@ -371,6 +361,21 @@ class ProcessPlacement(RemotePlacement):
         self.weights = None  # the shared-memory copy goes with the workers
         self.locks = []
         self.slots = [None] * self.num_workers
+
+
+def _end_processes(processes: list[multiprocessing.process.BaseProcess], wait: float) -> None:
+    """Waits up to ``wait`` s for the processes to exit, then terminates them, then kills any left after 2 s."""
+    deadline = time.monotonic() + wait
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.exitcode is None:
+            process.terminate()
+    for process in processes:
+        process.join(2.0)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
 
 
 # -- the worker process -------------------------------------------------------------------------

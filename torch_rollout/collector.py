@@ -7,7 +7,6 @@ import functools
 import math
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from torch_rollout._interaction import greedy_modules
 from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
+from torch_rollout._warnings import warn
 from torch_rollout._weights import check_same_structure, named_weights
 from torch_rollout.gae import GAE, add_advantages
 
@@ -202,68 +202,17 @@ class Collector:
         compile_policy: bool | Mapping[str, Any] | CudaGraph = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
-        _check_int("num_steps", num_steps, minimum=1)
-        if prefetch is not None:
-            _check_int("prefetch", prefetch, minimum=0)
-        if total_timesteps is not None:
-            _check_int("total_timesteps", total_timesteps, minimum=1)
+        _check_options(num_steps, prefetch, total_timesteps, gae, keys, timeout)
         seeding = resolve_seed(seed)
-        if gae is not None and not isinstance(gae, GAE):
-            raise TypeError(
-                f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
-                f"{type(gae).__name__} {gae!r}"
-            )
-        if not isinstance(keys, BatchKeys):
-            fix = f"; pass keys=torch_rollout.BatchKeys(**{dict(keys)!r})" if isinstance(keys, Mapping) else ""
-            raise TypeError(
-                f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got "
-                f"{type(keys).__name__} {keys!r}{fix}"
-            )
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
         compile_options = check_compile_policy(compile_policy)
-        if not isinstance(policy, nn.Module):
-            raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
-        for name, mode in greedy_modules(policy):
-            warnings.warn(
-                f"Collector: the policy's probabilistic module {name!r} has default_interaction_type={mode}, so the "
-                "collector acts with it without sampling (TorchRL's collectors would set RANDOM around collection; "
-                "this one keeps each module's default, whatever the trainer sets): build it with "
-                "default_interaction_type=InteractionType.RANDOM to sample",
-                UserWarning,
-                stacklevel=3,
-            )
-        if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
-            raise TypeError(
-                f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
-                f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}"
-                + (
-                    " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
-                    if isinstance(envs, gymnasium.Env)
-                    else ""
-                )
-            )
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = _check_device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        _check_policy(policy)
+        _check_envs(envs)
+        self.device = _resolve_device(device)
         chosen = resolve_backend(backend, envs, policy, self.device)
         chosen.check(envs, policy, compile_options)
         if prefetch is None:
             prefetch = chosen.default_prefetch(self.device)
-        if isinstance(envs, VectorEnv):
-            if num_envs is not None and num_envs != envs.num_envs:
-                raise ValueError(
-                    f"Collector: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
-                    "pass num_envs only with an env id or a make_envs function"
-                )
-            num_envs = envs.num_envs
-        elif num_envs is None:
-            raise ValueError(
-                f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8"
-            )
-        _check_int("num_envs", num_envs, minimum=1)
+        num_envs = _resolve_num_envs(envs, num_envs)
         num_workers = chosen.num_workers
         if num_workers > num_envs:
             raise ValueError(
@@ -545,11 +494,10 @@ class Collector:
         stuck = self._placement.close(join_timeout)
         if stuck is not None:
             when = "at interpreter exit " if at_exit else ""
-            warnings.warn(
+            warn(
                 f"Collector.close: {when}the background thread did not stop within {join_timeout} s; it is left "
                 f"running as a daemon, inside {stuck}",
                 RuntimeWarning,
-                stacklevel=3,
             )
 
     def __enter__(self) -> Collector:
@@ -593,6 +541,77 @@ def _check_same_rank(rank: int, world_size: int, seed: Seed) -> None:
             f"the same number of ranks each loading its own rank's state (or seed=torch_rollout.Seed({seed.value}, "
             f"rank={rank}, world_size={world_size}))"
         )
+
+
+def _check_options(num_steps: Any, prefetch: Any, total_timesteps: Any, gae: Any, keys: Any, timeout: Any) -> None:
+    """Refuses option values of the wrong type or range, naming the argument, the value and what it must be."""
+    _check_int("num_steps", num_steps, minimum=1)
+    if prefetch is not None:
+        _check_int("prefetch", prefetch, minimum=0)
+    if total_timesteps is not None:
+        _check_int("total_timesteps", total_timesteps, minimum=1)
+    if gae is not None and not isinstance(gae, GAE):
+        raise TypeError(
+            f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
+            f"{type(gae).__name__} {gae!r}"
+        )
+    if not isinstance(keys, BatchKeys):
+        fix = f"; pass keys=torch_rollout.BatchKeys(**{dict(keys)!r})" if isinstance(keys, Mapping) else ""
+        raise TypeError(
+            f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got "
+            f"{type(keys).__name__} {keys!r}{fix}"
+        )
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+def _check_policy(policy: Any) -> None:
+    """Refuses a policy that is not a Module; warns for each probabilistic module that will not sample."""
+    if not isinstance(policy, nn.Module):
+        raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
+    for name, mode in greedy_modules(policy):
+        warn(
+            f"Collector: the policy's probabilistic module {name!r} has default_interaction_type={mode}, so the "
+            "collector acts with it without sampling (TorchRL's collectors would set RANDOM around collection; "
+            "this one keeps each module's default, whatever the trainer sets): build it with "
+            "default_interaction_type=InteractionType.RANDOM to sample"
+        )
+
+
+def _check_envs(envs: Any) -> None:
+    if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
+        hint = " (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else ""
+        raise TypeError(
+            f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
+            f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}{hint}"
+        )
+
+
+def _resolve_device(device: Any) -> torch.device:
+    """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _check_device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _resolve_num_envs(envs: Any, num_envs: Any) -> int:
+    """The number of envs: a live vector env's own (``num_envs`` must agree), else ``num_envs``, required."""
+    if isinstance(envs, VectorEnv):
+        if num_envs is not None and num_envs != envs.num_envs:
+            raise ValueError(
+                f"Collector: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
+                "pass num_envs only with an env id or a make_envs function"
+            )
+        num_envs = envs.num_envs
+    elif num_envs is None:
+        raise ValueError(
+            f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8"
+        )
+    _check_int("num_envs", num_envs, minimum=1)
+    return num_envs
 
 
 def _check_device(device: Any) -> torch.device:
