@@ -51,6 +51,8 @@ __all__ = [
     "check_rank_minibatches",
     "check_can_record",
     "check_numpy_only",
+    "config_help",
+    "drop_velocities",
     "evaluate",
     "gym_envs",
     "import_optional",
@@ -71,6 +73,7 @@ __all__ = [
     "save_checkpoint",
     "sum_over_ranks",
     "to_sequences",
+    "yaml_scalar",
 ]
 
 
