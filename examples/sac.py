@@ -1,11 +1,11 @@
-"""SAC on top of torch_rollout: one file, read top to bottom.
+"""SAC on top of torch_rollout, read top to bottom: config, agent, replay buffer, then the collector and the updates.
 
-Config, agent, replay buffer, main loop, then the command line. The collector steps the
+The collector steps the
 envs and acts with the actor in a background thread (or a worker process) while this
 script runs gradient steps; each small batch of T steps per env goes into a replay buffer
 with its true next observations (`BatchKeys(next_obs=True)`: the final observation at an
 episode end, never the reset one). Each run writes progress.csv and config.yaml into its
-run folder.
+run folder; config files, `--help` and the log are common.py's, beside it.
 
 Usage::
 
@@ -17,33 +17,27 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import copy
-import csv
 import dataclasses
-import inspect
 import math
-import re
-import shutil
-import textwrap
+import sys
 import time
-import types
-import typing
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 from tensordict import TensorDict
 from torch.distributions import Normal
 
-from torch_rollout import BatchKeys, Collector, Processes
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, also when imported from elsewhere
+import common  # noqa: E402
+from common import ConfigError  # noqa: E402
+
+from torch_rollout import BatchKeys, Collector, Processes  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sac_pendulum.yaml"
 
@@ -93,71 +87,13 @@ class Config:
     target_return: float | None = None  # report the first env step where the mean return reaches this
 
 
-class ConfigError(ValueError):
-    """A config file or override names an unknown key or gives a value of the wrong type."""
-
-
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Checks `value` against a field's type; returns it, ints widened to float."""
-    expected = annotation
-    if isinstance(annotation, types.UnionType):  # only `X | None` in Config
-        if value is None:
-            return None
-        (expected,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-    name = expected.__name__ if expected is annotation else f"{expected.__name__} or None"
-    error = ConfigError(f"config key {key!r}: expected {name}, got {value!r} ({type(value).__name__})")
-    if isinstance(value, bool) != (expected is bool):  # bool is an int subclass: True must not pass as 1
-        raise error
-    if expected is float and isinstance(value, (int, str)):
-        try:
-            return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
-        except ValueError:
-            raise error from None
-    if not isinstance(value, expected):
-        raise error
-    return value
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Builds a Config from the YAML file at `path`, then `key=value` overrides (read as YAML scalars).
+    """A Config from the YAML file at `path`, then `key=value` overrides (common.load_config), checked for SAC.
 
     Raises:
-        ConfigError: an unknown key, a value of the wrong type, or a malformed override.
+        ConfigError: an unknown key, a value of the wrong type or out of range, or a malformed override.
     """
-    hints = typing.get_type_hints(Config)
-    values: dict[str, Any] = {}
-
-    def set_value(key: str, value: Any, where: str) -> None:
-        if key not in hints:
-            raise ConfigError(f"{where}: unknown config key {key!r}; known keys: {', '.join(hints)}")
-        try:
-            values[key] = _coerce(key, value, hints[key])
-        except ConfigError as error:
-            raise ConfigError(f"{where}: {error}") from None
-
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
-        for key, value in loaded.items():
-            set_value(str(key), value, str(path))
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE")
-        key = key.strip()
-        if hints.get(key) in (str, str | None) and text != "null":
-            value = text
-        else:
-            try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ConfigError(f"override {item!r}: {text!r} is not a YAML scalar") from None
-        set_value(key, value, f"override {item!r}")
-    cfg = Config(**values)
+    cfg = common.load_config(Config, path, overrides)
     if cfg.backend not in ("thread", "process"):
         raise ConfigError(f"config key 'backend': expected 'thread' or 'process', got {cfg.backend!r}")
     if cfg.prefetch < 1:
@@ -324,9 +260,7 @@ def train(cfg: Config) -> float:
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.exp_name}_{cfg.env_id}_seed{cfg.seed}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    run_dir = common.make_run_dir(cfg)
 
     spaces = gym.make(cfg.env_id)
     obs_space, action_space = spaces.observation_space, spaces.action_space
@@ -337,8 +271,7 @@ def train(cfg: Config) -> float:
     sample_gen = torch.Generator(device).manual_seed(cfg.seed)
 
     batch_steps = cfg.num_envs * cfg.num_steps
-    recent: deque[float] = deque(maxlen=cfg.return_window)
-    mean_return, episodes, reached = math.nan, 0, None
+    recent, reached = common.RecentReturns(cfg.return_window), None
     global_step, next_log, owed_updates = 0, cfg.log_every, 0.0
     wait_s = update_s = 0.0
     buffer = None
@@ -356,9 +289,7 @@ def train(cfg: Config) -> float:
         keys=BatchKeys(next_obs=True),
     )
     waited_from = time.perf_counter()
-    with collector, open(run_dir / "progress.csv", "w", newline="") as log_file:
-        logger = csv.DictWriter(log_file, fieldnames=LOG_FIELDS)
-        logger.writeheader()
+    with collector, common.Logger(run_dir, LOG_FIELDS) as logger:
         for batch in collector:  # [T, N], collected while the previous batch trained
             wait_s += time.perf_counter() - waited_from
             global_step += batch_steps
@@ -366,13 +297,9 @@ def train(cfg: Config) -> float:
             if buffer is None:
                 buffer = ReplayBuffer(cfg.buffer_size, batch[real])
             buffer.extend(batch[real])
-            finished = batch["done"] & real
-            recent.extend(batch["episode_return"][finished].tolist())
-            episodes += int(finished.sum())
-            if recent:
-                mean_return = float(np.mean(recent))
-            full = len(recent) == cfg.return_window
-            if reached is None and cfg.target_return is not None and full and mean_return >= cfg.target_return:
+            recent.add(batch["episode_return"][batch["done"] & real])
+            full = len(recent.returns) == cfg.return_window
+            if reached is None and cfg.target_return is not None and full and recent.mean >= cfg.target_return:
                 reached = global_step
 
             if global_step >= cfg.learning_starts:
@@ -388,8 +315,8 @@ def train(cfg: Config) -> float:
                 row = {
                     "step": global_step,
                     "wall_time": time.perf_counter() - start,
-                    "charts/mean_return": mean_return,
-                    "charts/episodes": episodes,
+                    "charts/mean_return": recent.mean,
+                    "charts/episodes": recent.episodes,
                     "charts/SPS": global_step / (time.perf_counter() - start),
                     # batches collected by weights older than the ones just trained (1 with prefetch=1)
                     "charts/policy_lag": collector.policy_version - int(batch["policy_version"].min()),
@@ -397,60 +324,21 @@ def train(cfg: Config) -> float:
                     "time/update_s": update_s,
                     **{key: float(value) for key, value in sac.stats.items()},
                 }
-                logger.writerow({key: row.get(key, math.nan) for key in LOG_FIELDS})
-                log_file.flush()
-                print(f"step {global_step:>8}  mean return {mean_return:8.1f}  SPS {row['charts/SPS']:6.0f}")
+                logger.log(row)
+                print(f"step {global_step:>8}  mean return {recent.mean:8.1f}  SPS {row['charts/SPS']:6.0f}")
             waited_from = time.perf_counter()
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
-    print(f"final mean return (last {len(recent)} episodes): {mean_return:.1f}")
+    print(f"final mean return (last {len(recent.returns)} episodes): {recent.mean:.1f}")
     if cfg.target_return is not None:
         print(f"mean return >= {cfg.target_return} first at step: {reached if reached is not None else 'never'}")
-    return mean_return
+    return recent.mean
 
 
 # ---------------------------------------------------------------------------- command line
 
 
-def yaml_scalar(value: Any) -> str:
-    """A config value as it is typed in a KEY=VALUE override or a YAML file."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def config_help() -> str:
-    """Every Config key, its default and the comment beside it, grouped by Config's headings, for `--help`."""
-    defaults = {field.name: field.default for field in dataclasses.fields(Config)}
-    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    width = max(shutil.get_terminal_size().columns - 2, 60)
-    lines = textwrap.wrap(
-        "config keys, given as KEY=VALUE after the options, with the defaults of the Config dataclass. Without "
-        f"--config, configs/{DEFAULT_CONFIG.name} applies first: its values follow the descriptions in [brackets].",
-        width,
-    )
-    # the source is the one place the descriptions are written: the comments beside the fields
-    for line in inspect.getsource(Config).splitlines():
-        if heading := re.fullmatch(r"    # (.+)", line):
-            lines += ["", f"{heading[1]}:"]
-        elif field := re.fullmatch(r"    (\w+): [^#]+?  # (.+)", line):
-            name, text = field[1], field[2]
-            if name in shipped and shipped[name] != defaults[name]:
-                text += f" [{DEFAULT_CONFIG.name}: {yaml_scalar(shipped[name])}]"
-            key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
-            lines += textwrap.wrap(text, width, initial_indent=key, subsequent_indent=" " * 30, break_long_words=False)
-    usage = textwrap.dedent(__doc__.partition("Usage::")[2]).strip("\n")
-    return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. seed=2")
-    args = parser.parse_args(argv)
+    parser, args = common.parse_args(__doc__, Config, DEFAULT_CONFIG, argv)
     try:
         train(load_config(args.config or DEFAULT_CONFIG, args.overrides))
     except ConfigError as error:

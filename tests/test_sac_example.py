@@ -72,6 +72,15 @@ def test_help_lists_every_key(sac, capsys):
     assert "[sac_pendulum.yaml: 30000]" in out  # the shipped config's value beside the default
 
 
+def test_the_script_shows_sac_in_about_350_lines_with_the_plumbing_in_common(sac):
+    """CleanRL-style, top to bottom: config, actor and critics, replay buffer, the loop; the rest is common.py's."""
+    assert len(SCRIPT.read_text().splitlines()) <= 360
+    assert sac.ConfigError is sac.common.ConfigError
+    source = SCRIPT.read_text()
+    for shown in ("class Config:", "class Actor(", "class ReplayBuffer:", "Collector(", "def update("):
+        assert shown in source, shown
+
+
 def test_the_replay_buffer_wraps_around_and_keeps_the_newest(sac):
     def rows(start, n):
         k = torch.arange(start, start + n, dtype=torch.float32)
