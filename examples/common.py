@@ -131,28 +131,36 @@ def load_config(
     for key, value in (base or {}).items():
         set_value(key, value, "checkpoint")
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
-        for key, value in loaded.items():
+        for key, value in _read_config_file(path).items():
             set_value(str(key), value, str(path))
     for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE")
-        key = key.strip()
-        if hints.get(key) in (str, str | None) and text != "null":
-            value = text
-        else:
-            try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ConfigError(f"override {item!r}: {text!r} is not a YAML scalar") from None
+        key, value = _parse_override(item, hints)
         set_value(key, value, f"override {item!r}")
     return config_cls(**values)
+
+
+def _read_config_file(path: str | Path) -> dict:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+    return loaded
+
+
+def _parse_override(item: str, hints: dict[str, Any]) -> tuple[str, Any]:
+    """``KEY=VALUE`` as the key and its value: the text itself for a string field, else a YAML scalar."""
+    key, sep, text = item.partition("=")
+    if not sep:
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE")
+    key = key.strip()
+    if hints.get(key) in (str, str | None) and text != "null":
+        return key, text
+    try:
+        return key, yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {item!r}: {text!r} is not a YAML scalar") from None
 
 
 def import_optional(module: str, key: str, package: str) -> types.ModuleType:
@@ -161,7 +169,8 @@ def import_optional(module: str, key: str, package: str) -> types.ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise ConfigError(
-            f"{key}=true needs {package}, which is not installed: pip install 'torch_rollout[examples]' "
+            f"{key}=true needs {package}, which is not installed: pip install -e '.[examples]' in the torch_rollout "
+            "clone "
             f"(or pip install {package}), or leave {key} off"
         ) from None
 

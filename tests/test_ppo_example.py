@@ -274,7 +274,10 @@ def test_track_tensorboard_without_tensorboard_fails_at_start_naming_the_fix(ppo
     finally:
         torch.set_num_threads(threads)
     assert exit_info.value.code == 2
-    message = "track_tensorboard=true needs tensorboard, which is not installed: pip install 'torch_rollout[examples]'"
+    message = (
+        "track_tensorboard=true needs tensorboard, which is not installed: pip install -e '.[examples]' in the "
+        "torch_rollout clone"
+    )
     assert f"{message} (or pip install tensorboard)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing built, nothing written
 
@@ -306,8 +309,8 @@ def test_capture_video_records_an_evaluation_episode_after_training_and_with_eva
     [
         (
             "moviepy",
-            "capture_video=true needs moviepy, which is not installed: pip install 'torch_rollout[examples]'"
-            " (or pip install moviepy)",
+            "capture_video=true needs moviepy, which is not installed: pip install -e '.[examples]' in the "
+            "torch_rollout clone (or pip install moviepy)",
         ),
         (
             "pygame",
