@@ -22,8 +22,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
-from torch_rollout._devices import copy_into, to_device
+from torch_rollout._devices import copy_into
 from torch_rollout._env_seam import EnvDriver, StepRecord
+from torch_rollout._recurrent import RecurrentState
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
 from torch_rollout._spec import LoopSpec
@@ -113,7 +114,7 @@ class RolloutLoop:
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
         self.outputs: OutputLayout | None = None  # the policy's outputs, once its first call told them
         loop_keys = LOOP_KEYS
-        self.initial_state = None
+        self.initial_state = self.recurrent = None
         if spec.initial_state is not None:
             loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
             self.initial_state = spec.initial_state[env_offset : env_offset + self.num_envs].to(device).clone()
@@ -124,6 +125,8 @@ class RolloutLoop:
             next_obs_key=self.next_obs_key,
             initial_state=self.initial_state,
         )
+        if self.initial_state is not None:
+            self.recurrent = RecurrentState(self.initial_state, device=device, on_device=self.on_device)
         self.layout = RowLayout(
             num_steps=self.num_steps,
             num_envs=self.num_envs,
@@ -149,9 +152,7 @@ class RolloutLoop:
         (floats as float32, as policies return them), the loop's own keys and a recurrent state; the
         policy's other outputs (``value``, ``log_prob``, ...), ``next_value`` and infos come on top.
         """
-        state = 0
-        if self.initial_state is not None:
-            state = sum(t[0].nbytes for _, t in self.initial_state.items(include_nested=True, leaves_only=True))
+        state = 0 if self.recurrent is None else self.recurrent.row_bytes()
         own = sum(np.dtype(dtype).itemsize for dtype in self.layout.loop_keys.values())
         obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
         return obs + space_nbytes(self.envs.single_action_space) + own + state
@@ -181,13 +182,8 @@ class RolloutLoop:
         self.first_row = 0  # an env's row index of row 0 of buffers[0]
         self.step = 0  # rows acted on since the reset, when every env steps at once
         self.acted = np.zeros(N, dtype=np.int64)  # rows each env has acted on since the reset, otherwise
-        if self.initial_state is not None:
-            self.state = self.initial_state.clone()  # the state that goes into each env's next row
-            self.carried = self.initial_state.clone()  # the state after each env's last row (before a reset)
-            if self.on_device:
-                self.is_init = torch.ones(N, dtype=torch.bool, device=self.device)
-            else:
-                self.is_init = np.ones(N, dtype=bool)  # the next row starts an episode
+        if self.recurrent is not None:
+            self.recurrent.reset()
         # Reused each step by host rows stored on CUDA: reading the action back synchronizes with the upload.
         cuda_host = not self.on_device and self.storage_device.type != "cpu"
         self.staging = ObsBuffer(self.obs_space, (N,), pin_memory=True) if cuda_host else None
@@ -243,8 +239,8 @@ class RolloutLoop:
                 self.waiting = record
             return
         if record.ids is None:  # every env: the row acted on last
-            if self.initial_state is not None:
-                self._advance_state(record)
+            if self.recurrent is not None:
+                self.recurrent.advance(record)
             self.waiting = record
             t = self.step - 1 - self.first_row
             head = self.buffers[0]
@@ -252,12 +248,12 @@ class RolloutLoop:
                 self._learn_infos(record)
             head.put_results(t, record)
             if record.final is not None:
-                head.put_final(t, record, self.carried if self.initial_state is not None else None)
+                head.put_final(t, record, None if self.recurrent is None else self.recurrent.carried)
             return
         # The rows these results end: the ones acted on last, read before acting on the next.
         rows = self.acted[record.ids] - 1
-        if self.initial_state is not None:
-            self._advance_state(record)
+        if self.recurrent is not None:
+            self.recurrent.advance(record)
         if self.driver.acts_at_once:
             self._act(record)
         else:
@@ -277,11 +273,11 @@ class RolloutLoop:
         self.row = t
         head = self.buffers[0]
         obs_in = head.put_obs(t, record.obs)
-        state = None if self.initial_state is None else (self.state, self.is_init)
+        state = None if self.recurrent is None else self.recurrent.of(None)
         out_t, version, next_state = self._decide(obs_in, state, None, self.num_envs)
         head.put_acted(t, out_t, version, state)
         if state is not None:
-            self.carried = next_state
+            self.recurrent.carry(next_state, None)
 
     def _act_on_envs(self, record: StepRecord) -> None:
         """The envs of a send/recv pool that came back: acted on at once, their rows written while they step."""
@@ -290,10 +286,7 @@ class RolloutLoop:
         self.acted[ids] = rows + 1
         places = self._locate(ids, rows, allocate=True)
         obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
-        state = index = None
-        if self.initial_state is not None:
-            index = torch.from_numpy(ids).to(self.device)
-            state = (self.state[index], self.is_init[ids])
+        state = None if self.recurrent is None else self.recurrent.of(ids)
         out_t, version, next_state = self._decide(obs_in, state, ids, len(ids))
         if self.storage_device.type == "cpu":
             out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
@@ -301,7 +294,7 @@ class RolloutLoop:
             buffer.put_obs_at(flat, select(record.obs, sel))
             buffer.put_acted_at(flat, sel, out_t, version, state)
         if state is not None:
-            self.carried[index] = next_state
+            self.recurrent.carry(next_state, ids)
 
     def _decide(
         self, obs: Obs, state: tuple[TensorDictBase, Any] | None, ids: np.ndarray | None, n: int
@@ -311,7 +304,7 @@ class RolloutLoop:
         Returns the outputs, the weights' version and a recurrent policy's next state. The envs of a
         send/recv pool step from here on, while their rows are written.
         """
-        call = PolicyCall(obs) if state is None else PolicyCall(obs, state[0], self._is_init_tensor(state[1]))
+        call = PolicyCall(obs) if state is None else PolicyCall(obs, state[0], self.recurrent.is_init_tensor(state[1]))
         out_t, version, next_state = self.acting.act(call, n)
         if self.outputs is None:
             self.outputs = self.acting.layout
@@ -321,21 +314,6 @@ class RolloutLoop:
             self._check_finite_action(out_t["action"], ids)
         self.driver.send(out_t["action"], ids)
         return out_t, version, next_state
-
-    def _advance_state(self, record: StepRecord) -> None:
-        """The recurrent state of the envs' next rows: the carried one, or the initial one where an episode starts."""
-        ids = record.ids
-        if ids is None:
-            self.state = self._reset_state(self.carried, record.is_init, self.initial_state)
-            self.is_init = record.is_init
-            return
-        if record.stepped is not None:
-            ids, is_init = ids[record.stepped], record.is_init[record.stepped]
-        else:
-            is_init = record.is_init
-        index = torch.from_numpy(ids).to(self.device)
-        self.state[index] = self._reset_state(self.carried[index], is_init, self.initial_state[index])
-        self.is_init[ids] = is_init
 
     def _write_results(self, record: StepRecord, rows: np.ndarray) -> None:
         """Writes the results of the envs of ``record`` that stepped into the rows ``rows`` they acted on."""
@@ -426,7 +404,8 @@ class RolloutLoop:
         if self.initial_state is None:
             call = PolicyCall(last_obs, value_only=True)
         else:
-            call = PolicyCall(last_obs, self.state, self._is_init_tensor(self.is_init), value_only=True)
+            state, is_init = self.recurrent.of(None)
+            call = PolicyCall(last_obs, state, self.recurrent.is_init_tensor(is_init), value_only=True)
         return self.acting.value(call, self.num_envs)
 
     def _write_final_values(self, next_value: Tensor, finals: tuple[Tensor, Tensor, Obs, Any]) -> None:
@@ -445,26 +424,6 @@ class RolloutLoop:
             next_value[target] = self.acting.value(call, n).to(next_value.device)
 
     # -- bootstrap values and recurrent state --------------------------------------------------
-
-    def _is_init_tensor(self, is_init: np.ndarray | Tensor) -> Tensor:
-        if isinstance(is_init, np.ndarray):
-            return torch.from_numpy(is_init).to(self.device)
-        return to_device(is_init, self.device)
-
-    def _reset_state(
-        self, carried: TensorDictBase, is_init: np.ndarray | Tensor, initial: TensorDictBase
-    ) -> TensorDictBase:
-        """``carried``, with the rows of ``initial`` for the envs that start an episode (dense on the device)."""
-        if isinstance(is_init, np.ndarray):
-            if not is_init.any():
-                return carried
-            is_init = torch.from_numpy(is_init)
-        rows = to_device(is_init, self.device)
-
-        def reset(first: Tensor, now: Tensor) -> Tensor:
-            return torch.where(rows.view(-1, *(1,) * (now.dim() - 1)), first, now)
-
-        return initial.apply(reset, carried)
 
     def _non_finite(self, name: str, env: int, value: Any, call: str) -> None:
         """The drivers' report of a NaN or inf (``check_finite=True``), at the step in flight."""
