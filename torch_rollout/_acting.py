@@ -192,6 +192,26 @@ class Acting:
             )
         return value
 
+    def write_final_values(
+        self, next_value: Tensor, finals: tuple[Tensor, Tensor, Obs, TensorDictBase | None], width: int
+    ) -> None:
+        """V(final observation) of every episode that ended into ``next_value``, in calls of at most ``width`` rows.
+
+        ``finals``: the rows ``t``, the envs, their final observations and (recurrent) their states after the
+        episode's last step, as the batch's rows gather them.
+        """
+        ts, envs, obs, states = finals
+        not_init = torch.zeros(width, dtype=torch.bool, device=self.device)
+        for start in range(0, len(ts), width):
+            part = slice(start, start + width)
+            n = len(ts[part])
+            if states is None:
+                call = PolicyCall(obs[part], value_only=True)
+            else:
+                call = PolicyCall(obs[part], states[part], not_init[:n], value_only=True)
+            target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
+            next_value[target] = self.value(call, n).to(next_value.device)
+
     def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
         """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
         if isinstance(raw, TensorDictBase):

@@ -385,7 +385,7 @@ class RolloutLoop:
             else:
                 next_value[-1] = self._last_value().to(next_value.device)
             if finals is not None:
-                self._write_final_values(next_value, finals)
+                self.acting.write_final_values(next_value, finals, self.num_envs)
         return batch
 
     def _waiting_obs(self, device: torch.device) -> Obs:
@@ -408,23 +408,6 @@ class RolloutLoop:
             call = PolicyCall(last_obs, state, self.recurrent.is_init_tensor(is_init), value_only=True)
         return self.acting.value(call, self.num_envs)
 
-    def _write_final_values(self, next_value: Tensor, finals: tuple[Tensor, Tensor, Obs, Any]) -> None:
-        """V(final observation) of every episode that ended, in bootstrap calls of at most ``num_envs`` rows."""
-        ts, envs, obs, states = finals
-        N = self.num_envs
-        not_init = torch.zeros(N, dtype=torch.bool, device=self.device)
-        for start in range(0, len(ts), N):
-            part = slice(start, start + N)
-            n = len(ts[part])
-            if states is None:
-                call = PolicyCall(obs[part], value_only=True)
-            else:
-                call = PolicyCall(obs[part], states[part], not_init[:n], value_only=True)
-            target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
-            next_value[target] = self.acting.value(call, n).to(next_value.device)
-
-    # -- bootstrap values and recurrent state --------------------------------------------------
-
     def _non_finite(self, name: str, env: int, value: Any, call: str) -> None:
         """The drivers' report of a NaN or inf (``check_finite=True``), at the step in flight."""
         self._raise_non_finite(name, env, value, call, self.row)
@@ -446,8 +429,6 @@ class RolloutLoop:
             f"Collector(check_finite=True): {name} of env {env} is {value}{step}, returned by {call}; "
             "pass check_finite=False to let NaN and inf through"
         )
-
-    # -- policy outputs ------------------------------------------------------------------------
 
 
 def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:

@@ -445,27 +445,7 @@ class Collector:
                 "Collector.load_state_dict: must be called before iterating (this collector has started "
                 "collecting); create a new Collector and load the state into it before iter() or next()"
             )
-        keys = ("batches", "policy_version", "starts", "num_steps", "num_envs")
-        optional = {"rank": 0, "world_size": 1}  # absent from the states of earlier releases: one rank
-        if (
-            not isinstance(state, Mapping)
-            or any(not isinstance(state.get(k), int) for k in keys)
-            or any(not isinstance(state.get(k, default), int) for k, default in optional.items())
-        ):
-            raise ValueError(
-                f"Collector.load_state_dict: expected the dict of Collector.state_dict() with int entries "
-                f"{list(keys)} (and {list(optional)}), got {state!r}"
-            )
-        saved, now = state["num_steps"] * state["num_envs"], self.num_steps * self.num_envs
-        if saved != now:
-            raise ValueError(
-                f"Collector.load_state_dict: the state counts batches of num_steps * num_envs = "
-                f"{state['num_steps']} * {state['num_envs']} = {saved} env steps, this collector's are "
-                f"{self.num_steps} * {self.num_envs} = {now}; resume with the same batch size"
-            )
-        if self.seed is not None and state.get("seed") is not None:
-            _check_same_stream(state["seed"], self.seed)
-            _check_same_rank(state.get("rank", 0), state.get("world_size", 1), self.seed)
+        _check_state(state, self.num_steps, self.num_envs, self.seed)
         self._placement.set_version(state["policy_version"])
         self._delivered = self._resumed = state["batches"]
         self._starts = state["starts"] + 1
@@ -517,6 +497,31 @@ class Collector:
             f"device={getattr(self, 'device', None)}, prefetch={getattr(self, 'prefetch', None)}, "
             f"autoreset_mode={getattr(getattr(self, 'autoreset_mode', None), 'value', None)}, closed={self.closed})"
         )
+
+
+def _check_state(state: Any, num_steps: int, num_envs: int, seed: Seed | None) -> None:
+    """Refuses what is not a :meth:`Collector.state_dict` of a collector with this batch size and seed stream."""
+    keys = ("batches", "policy_version", "starts", "num_steps", "num_envs")
+    optional = {"rank": 0, "world_size": 1}  # absent from the states of earlier releases: one rank
+    if (
+        not isinstance(state, Mapping)
+        or any(not isinstance(state.get(k), int) for k in keys)
+        or any(not isinstance(state.get(k, default), int) for k, default in optional.items())
+    ):
+        raise ValueError(
+            f"Collector.load_state_dict: expected the dict of Collector.state_dict() with int entries "
+            f"{list(keys)} (and {list(optional)}), got {state!r}"
+        )
+    saved, now = state["num_steps"] * state["num_envs"], num_steps * num_envs
+    if saved != now:
+        raise ValueError(
+            f"Collector.load_state_dict: the state counts batches of num_steps * num_envs = "
+            f"{state['num_steps']} * {state['num_envs']} = {saved} env steps, this collector's are "
+            f"{num_steps} * {num_envs} = {now}; resume with the same batch size"
+        )
+    if seed is not None and state.get("seed") is not None:
+        _check_same_stream(state["seed"], seed)
+        _check_same_rank(state.get("rank", 0), state.get("world_size", 1), seed)
 
 
 def _check_same_stream(value: Any, seed: Seed) -> None:
