@@ -95,30 +95,7 @@ def compute_gae(
         >>> advantage
         tensor([1.5000, 1.0000, 6.0000])
     """
-    tensors = {
-        "reward": reward,
-        "value": value,
-        "next_value": next_value,
-        "terminated": terminated,
-        "truncated": truncated,
-    }
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"compute_gae: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.shape != value.shape:
-            raise ValueError(
-                f"compute_gae: {name} has shape {tuple(tensor.shape)}, expected the shape of value "
-                f"{tuple(value.shape)} (time-first [T, ...])"
-            )
-    if value.dim() == 0 or value.shape[0] == 0:
-        raise ValueError(
-            f"compute_gae: expected time-first tensors [T, ...] with T >= 1, got shape {tuple(value.shape)}"
-        )
-    if not value.is_floating_point():
-        raise TypeError(f"compute_gae: value must be a floating-point tensor, got dtype {value.dtype}")
-    for name, x in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-        if not 0.0 <= float(x) <= 1.0:
-            raise ValueError(f"compute_gae: {name} must lie in [0, 1], got {x}")
+    _check_inputs(reward, value, next_value, terminated, truncated, gamma, gae_lambda)
 
     out_dtype = value.dtype
     dtype = torch.float32 if value.element_size() < 4 else value.dtype
@@ -145,6 +122,42 @@ def compute_gae(
         k *= 2
     return_ = advantage + value_
     return advantage.to(out_dtype), return_.to(out_dtype)
+
+
+def _check_inputs(
+    reward: Tensor,
+    value: Tensor,
+    next_value: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> None:
+    """Refuses inputs that are not same-shaped time-first tensors, or a discount outside [0, 1]."""
+    tensors = {
+        "reward": reward,
+        "value": value,
+        "next_value": next_value,
+        "terminated": terminated,
+        "truncated": truncated,
+    }
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"compute_gae: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.shape != value.shape:
+            raise ValueError(
+                f"compute_gae: {name} has shape {tuple(tensor.shape)}, expected the shape of value "
+                f"{tuple(value.shape)} (time-first [T, ...])"
+            )
+    if value.dim() == 0 or value.shape[0] == 0:
+        raise ValueError(
+            f"compute_gae: expected time-first tensors [T, ...] with T >= 1, got shape {tuple(value.shape)}"
+        )
+    if not value.is_floating_point():
+        raise TypeError(f"compute_gae: value must be a floating-point tensor, got dtype {value.dtype}")
+    for name, x in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+        if not 0.0 <= float(x) <= 1.0:
+            raise ValueError(f"compute_gae: {name} must lie in [0, 1], got {x}")
 
 
 def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
