@@ -1,4 +1,11 @@
-"""Env infos in the batch: the values of named info keys per row, with a presence mask, aligned with the row's step."""
+"""Env infos in the batch: the values of named info keys per row, with a presence mask, aligned with the row's step.
+
+Two recorders with one interface, one per kind of step record: :class:`InfoRecorder`
+writes NumPy infos into host rows, :class:`TensorInfoRecorder` tensor infos into rows
+on the device. Both learn each key's structure once (``learn``, from the first reset's and
+step's infos), then allocate ``[T, N]`` rows (``empty_rows(T, device)``) and write a
+step's infos into row ``t`` (``record``).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,12 @@ from typing import Any, Union
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
 
 from torch_rollout._devices import to_device
 
-__all__ = ["EPISODE_STATISTICS", "InfoRecorder", "check_info_keys"]
+__all__ = ["EPISODE_STATISTICS", "InfoRecorder", "TensorInfoRecorder", "check_info_keys"]
 
 # The structure of gymnasium's RecordEpisodeStatistics "episode" info (return, length, seconds) for one env,
 # assumed for an "episode" key that neither the first reset nor the first step gives: it appears at episode
@@ -186,8 +194,8 @@ class InfoRecorder:
 
     # -- storage -------------------------------------------------------------------------------
 
-    def empty_rows(self, T: int) -> dict[Path, np.ndarray]:
-        """New host rows ``[T, N, ...]`` for every leaf and mask."""
+    def empty_rows(self, T: int, device: torch.device | None = None) -> dict[Path, np.ndarray]:
+        """New host rows ``[T, N, ...]`` for every leaf and mask (NumPy whatever ``device``: see :meth:`tensordict`)."""
         return {path: np.empty((T, self.num_envs, *shape), dtype=dtype) for path, shape, dtype in self.leaves}
 
     @staticmethod
@@ -283,3 +291,107 @@ def _presence(infos: Mapping[str, Any], key: str, num_envs: int) -> np.ndarray:
         return np.zeros(num_envs, dtype=bool)
     mask = infos.get("_" + key)
     return np.ones(num_envs, dtype=bool) if mask is None else np.array(mask, dtype=bool)
+
+
+class TensorInfoRecorder:
+    """The named infos of each step as tensors ``[T, N, ...]`` with a presence mask ``_key`` per key, on the device.
+
+    Each kept key's value must be a tensor with a leading ``num_envs`` dimension
+    (or a dict of such, stored as a nested TensorDict); its structure (shapes,
+    dtypes, float64 stored as float32) is fixed by the first step's infos. Which
+    infos belong to a row follows the NumPy path: in SAME_STEP mode an env that
+    ended takes the key from ``infos["final_info"]`` where that holds it (with
+    ``infos["_final_info"]`` as the mask of the envs it covers); in NEXT_STEP mode
+    the reset rows' infos are masked out. Presence is ``infos["_" + key]`` where
+    the env gives one, else every env. Absent values are stored as 0 (or False).
+    """
+
+    def __init__(self, specs: Mapping[str, Any], *, num_envs: int, autoreset_mode: AutoresetMode) -> None:
+        if any(example is not None for example in specs.values()):
+            raise ValueError(
+                "Collector: info_keys examples are for NumPy envs; a vector env of torch tensors gives its infos' "
+                "structure at the first step: name the keys only, e.g. BatchKeys(info_keys=('success',))"
+            )
+        self.keys = list(specs)
+        self.num_envs = num_envs
+        self.same_step = autoreset_mode == AutoresetMode.SAME_STEP
+        self.structures: Mapping[str, Any] | None = None  # the first step's infos, which the rows are shaped like
+
+    def learn(self, reset_infos: Mapping[str, Any], step_infos: Mapping[str, Any]) -> None:
+        """Takes the first step's infos as the structure of every key (a torch env gives every key at every step)."""
+        self.structures = step_infos
+
+    def _value(self, infos: Mapping[str, Any], key: str) -> Tensor | TensorDictBase | None:
+        value = infos.get(key)
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            value = TensorDict(dict(value), batch_size=[self.num_envs])
+        if not isinstance(value, (Tensor, TensorDictBase)) or value.shape[:1] != (self.num_envs,):
+            got = tuple(value.shape) if isinstance(value, (Tensor, TensorDictBase)) else type(value).__name__
+            raise ValueError(
+                f"Collector: info {key!r} of a vector env of torch tensors must be a tensor (or a dict of tensors) "
+                f"with a leading size of num_envs={self.num_envs}, got {got}"
+            )
+        return value
+
+    def empty_rows(self, T: int, device: torch.device) -> TensorDict:
+        """Zeroed ``[T, N]`` storage shaped like the first step's infos."""
+        infos = self.structures
+        final = infos.get("final_info") or {}
+        rows = {}
+        for key in self.keys:
+            value = self._value(infos, key)
+            if value is None:
+                value = self._value(final, key)
+            if value is None:
+                raise ValueError(
+                    f"Collector: info_keys names {key!r}, but the first step's infos have no such key (they have "
+                    f"{sorted(map(str, infos))}); a vector env of torch tensors gives every kept key at every step"
+                )
+            rows[key] = _zeros_like_rows(value, T, device)
+            rows["_" + key] = torch.zeros((T, self.num_envs), dtype=torch.bool, device=device)
+        return TensorDict(rows, batch_size=[T, self.num_envs], device=device)
+
+    def record(self, rows: TensorDict, t: int, infos: Mapping[str, Any], done: Tensor, mask: Tensor | None) -> None:
+        """Writes row ``t``: each key's value where present, 0 elsewhere, and its presence mask."""
+        final = infos.get("final_info") or {}
+        final_mask = infos.get("_final_info")
+        for key in self.keys:
+            value = self._value(infos, key)
+            present = infos.get("_" + key)
+            present = torch.ones_like(done) if present is None else present.to(done.device, torch.bool)
+            if value is None:
+                value, present = rows[key][t], torch.zeros_like(done)
+            if self.same_step:
+                ended = self._value(final, key)
+                if ended is not None:
+                    covered = done if final_mask is None else done & final_mask.to(done.device, torch.bool)
+                    value = _where(covered, ended, value)
+                    present = present | covered
+            if mask is not None:
+                present = present & mask
+            present = present.to(rows.device)
+            rows[key][t] = _where(present, value.to(rows.device), 0)
+            rows["_" + key][t] = present
+
+
+def _zeros_like_rows(value: Tensor | TensorDictBase, T: int, device: torch.device) -> Tensor | TensorDictBase:
+    if isinstance(value, TensorDictBase):
+        return TensorDict(
+            {key: _zeros_like_rows(value[key], T, device) for key in value.keys()},
+            batch_size=[T, *value.batch_size],
+            device=device,
+        )
+    dtype = torch.float32 if value.dtype == torch.float64 else value.dtype
+    return torch.zeros((T, *value.shape), dtype=dtype, device=device)
+
+
+def _where(mask: Tensor, value: Any, other: Any) -> Any:
+    """``torch.where`` over the rows of a tensor or of every leaf of a TensorDict (``mask``: ``[N]``)."""
+    if isinstance(value, TensorDictBase):
+        other_leaf = (lambda key: other[key]) if isinstance(other, TensorDictBase) else (lambda key: other)
+        return TensorDict(
+            {key: _where(mask, value[key], other_leaf(key)) for key in value.keys()}, batch_size=value.batch_size
+        )
+    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)

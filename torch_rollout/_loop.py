@@ -244,8 +244,7 @@ class RolloutLoop:
             self.waiting = record
             t = self.step - 1 - self.first_row
             head = self.buffers[0]
-            if not self.on_device:
-                self._learn_infos(record)
+            self._learn_infos(record)
             head.put_results(t, record)
             if record.final is not None:
                 head.put_final(t, record, None if self.recurrent is None else self.recurrent.carried)
@@ -335,7 +334,7 @@ class RolloutLoop:
             buffer.put_results_at(flat, part, part_info)
 
     def _learn_infos(self, record: StepRecord) -> None:
-        """Host infos: their structure, from the first step's infos and the reset's, before any row records one."""
+        """The infos' structure, from the first step's infos and the reset's, before any row records one."""
         if self.infos is not None and self.infos.structures is None:
             self.infos.learn(self.driver.reset_infos, record.info)
 

@@ -382,7 +382,7 @@ class DeviceRows(_Rows):
         infos = self.infos
         if infos is not None:
             if self.info is None:
-                self.info = infos.empty_rows(record.info, self.T, self.store)
+                self.info = infos.empty_rows(self.T, self.store)
             infos.record(self.info, index, record.info, record.done, record.mask)
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
