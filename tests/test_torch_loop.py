@@ -181,6 +181,24 @@ def test_recurrent_state_and_box_actions_match_the_numpy_path(mode):
     assert (torch.cat([b["action"] for b in got]).abs() > 2).any()  # beyond the bounds: clipped for the env only
 
 
+@pytest.mark.parametrize("steps", [1, 3], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_short_batches_valued_densely_are_those_of_the_numpy_path(mode, steps):
+    """Batches of a few steps value every env's final observation without a gather: the same values and next
+    observations as the NumPy path's, feedforward and recurrent, across batch boundaries."""
+    batches = 4 * T // steps  # episode ends inside batches and on their boundaries
+    kwargs = dict(num_steps=steps, total_timesteps=batches * steps * N, backend="thread", keys=BatchKeys(next_obs=True))
+    policy = LinearPolicy()
+    expected = collect(NumpyView(make_cartpole(N, mode)), policy, **kwargs)
+    assert_same_batches(collect(make_cartpole(N, mode), policy, **kwargs), expected, keys=(*KEYS, "next_obs"))
+    recurrent = RecurrentLinearPolicy(obs_dim=3, continuous=True)
+    pendulum = functools.partial(Pendulum, N, autoreset_mode=mode, max_episode_steps=MAX_STEPS)
+    expected = collect(NumpyView(pendulum()), recurrent, initial_state=h_state, **kwargs)
+    got = collect(pendulum(), recurrent, initial_state=h_state, **kwargs)
+    assert_same_batches(got, expected, keys=(*KEYS, "is_init", "h", "next_obs"))
+    assert torch.cat([batch["done"] for batch in got]).any()
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("placement", PLACEMENTS[1:])  # worker processes, Ray actors
 def test_a_torch_env_recipe_runs_in_worker_processes_with_the_threads_batches(placement):
@@ -239,7 +257,7 @@ def test_no_host_sync_per_step(mode, monkeypatch):
     """The calls that read values back to the host are a fixed number per batch, whatever its number of steps."""
     counter = SyncCounter(monkeypatch)
     counts = {}
-    for steps in (4, 16):
+    for steps in (8, 16):  # past DENSE_FINALS_STEPS: final observations gathered once per batch
         envs = StepInfos(make_cartpole(N, mode))  # infos too
         keys = BatchKeys(info_keys=("x", "ends"), next_obs=True)
         with Collector(envs, LinearPolicy(), num_steps=steps, device="cpu", seed=1, backend="thread", keys=keys) as c:
@@ -247,10 +265,24 @@ def test_no_host_sync_per_step(mode, monkeypatch):
             batches = iter(collector)
             next(batches)  # the first batch learns the policy's outputs
             counts[steps] = [counter.count(batches) for _ in range(3)]
-    assert counts[4] == counts[16], counts  # 0 per step
+    assert counts[8] == counts[16], counts  # 0 per step
     # At most the batch end's one nonzero, which gathers the final observations to value.
     expected = {} if mode == AutoresetMode.NEXT_STEP else {"nonzero": 1}
     assert counts[16] == [expected] * 3, counts
+
+
+@pytest.mark.parametrize("keys", [BatchKeys(), BatchKeys(next_obs=True)], ids=["values", "values-next_obs"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_batch_of_one_step_makes_no_host_sync(mode, keys, monkeypatch):
+    """Off-policy learners' T=1: final observations valued densely, so a steady-state batch reads nothing back."""
+    counter = SyncCounter(monkeypatch)
+    with Collector(
+        make_cartpole(N, mode), LinearPolicy(), num_steps=1, device="cpu", seed=1, backend="thread", keys=keys
+    ) as c:
+        batches = iter(c)
+        next(batches)  # the first batch learns the policy's outputs
+        counts = [counter.count(batches) for _ in range(2 * MAX_STEPS)]  # episodes end meanwhile
+    assert counts == [{}] * (2 * MAX_STEPS), counts
 
 
 def test_envs_of_tensors_that_do_not_say_so_are_named():
@@ -323,6 +355,26 @@ def test_cuda_collection_has_no_host_sync_and_matches_the_cpu(mode):
             torch.cuda.set_sync_debug_mode("default")
         got += [next(batches) for _ in range(4 - len(got))]
     assert_same_batches([b.cpu() for b in got], expected, computed_close=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_cuda_batches_of_one_step_make_no_host_sync_and_match_the_cpu(mode):
+    """T=1 on the device, values and next observations: no sync at all, in every autoreset mode."""
+    policy, keys, batches = LinearPolicy(), BatchKeys(next_obs=True), 3 * MAX_STEPS
+    options = dict(num_steps=1, total_timesteps=batches * N, backend="thread", prefetch=0, keys=keys)
+    expected = collect(make_cartpole(N, mode), policy, **options)
+    envs = CartPole(N, device="cuda", autoreset_mode=mode, max_episode_steps=MAX_STEPS)
+    with Collector(envs, LinearPolicy().cuda(), device="cuda", seed=5, timeout=TIMEOUT, **options) as collector:
+        it = iter(collector)
+        got = [next(it)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got += [next(it) for _ in range(batches - 1)]  # episodes end meanwhile
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert_same_batches([b.cpu() for b in got], expected, keys=(*KEYS, "next_obs"), computed_close=True)
 
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))

@@ -212,6 +212,23 @@ class Acting:
             target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
             next_value[target] = self.value(call, n).to(next_value.device)
 
+    def write_dense_final_values(self, next_value: Tensor, dense: tuple[Tensor, Obs, TensorDictBase | None]) -> None:
+        """V(final observation) into ``next_value`` where an episode ended, valuing every row: no host sync.
+
+        ``dense``: the ``[T, N]`` mask of the envs that ended, their final observations and (recurrent) states
+        after the episode's last step, ``[T, N, ...]``; one call of ``N`` rows per step.
+        """
+        mask, obs, states = dense
+        T, N = mask.shape
+        not_init = torch.zeros(N, dtype=torch.bool, device=self.device)
+        for t in range(T):
+            if states is None:
+                call = PolicyCall(obs[t], value_only=True)
+            else:
+                call = PolicyCall(obs[t], states[t], not_init, value_only=True)
+            value = self.value(call, N).to(next_value.device)
+            next_value[t] = torch.where(mask[t].to(next_value.device), value, next_value[t])
+
     def _split_state(self, raw: Any, n: int) -> tuple[Any, TensorDictBase]:
         """Takes the next state out of a recurrent policy's outputs: ``"next_state"`` or ``("next", key)``."""
         if isinstance(raw, TensorDictBase):

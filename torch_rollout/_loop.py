@@ -25,11 +25,16 @@ from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout._devices import copy_into
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._recurrent import RecurrentState
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select, where_rows
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RolloutLoop", "Stopped"]
+
+
+# Batches of at most this many steps value final observations densely, every env's row at every step, in
+# num_steps calls of num_envs rows: no host sync, where gathering the ended rows first reads their count back.
+DENSE_FINALS_STEPS = 4
 
 
 class Stopped(Exception):
@@ -365,9 +370,12 @@ class RolloutLoop:
         """The complete batch of ``head``, with ``next_value`` and the next observations."""
         batch = head.assemble(self.outputs)
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
-        finals = None
+        finals = dense = None
         if self.outputs.has_value or self.next_obs_key is not None:
-            finals = head.gather_finals(self.device)
+            if self.on_device and self.num_steps <= DENSE_FINALS_STEPS:
+                dense = head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
+            else:
+                finals = head.gather_finals(self.device)
         if self.next_obs_key is not None:
             next_obs = batch[self.next_obs_key]
             next_obs[:-1] = batch[self.obs_key][1:]
@@ -376,6 +384,9 @@ class RolloutLoop:
             if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
                 ts, envs, obs, _ = finals
                 next_obs[ts.to(next_obs.device), envs.to(next_obs.device)] = obs.to(next_obs.device)
+            elif dense is not None:
+                mask, obs, _ = dense
+                next_obs.copy_(where_rows(mask.to(next_obs.device), obs.to(next_obs.device), next_obs))
         if self.outputs.has_value:
             value, next_value = batch[self.outputs.value_key], batch["next_value"]
             next_value[:-1] = value[1:]
@@ -385,6 +396,8 @@ class RolloutLoop:
                 next_value[-1] = self._last_value().to(next_value.device)
             if finals is not None:
                 self.acting.write_final_values(next_value, finals, self.num_envs)
+            elif dense is not None:
+                self.acting.write_dense_final_values(next_value, dense)
         return batch
 
     def _waiting_obs(self, device: torch.device) -> Obs:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from torch_rollout._acting import OutputLayout
     from torch_rollout._env_seam import StepRecord
 
-__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select"]
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select", "where_rows"]
 
 # The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
 LOOP_KEYS = {
@@ -60,6 +60,13 @@ def _widen(value: Tensor | TensorDictBase, n: int) -> Tensor | TensorDictBase:
     if isinstance(value, Tensor):
         return value[:1].expand(n, *value.shape[1:])
     return value[:1].expand(n)
+
+
+def where_rows(mask: Tensor, value: Obs, other: Obs) -> Obs:
+    """``value`` where ``mask`` (``[T, N]``) is True, else ``other``: rows of tensors, or of a TensorDict's leaves."""
+    if isinstance(value, TensorDictBase):
+        return value.apply(lambda v, o: where_rows(mask, v, o), other)
+    return torch.where(mask.view(*mask.shape, *(1,) * (value.dim() - mask.dim())), value, other)
 
 
 def select(obs: Any, sel: np.ndarray | None) -> Any:
@@ -389,13 +396,14 @@ class DeviceRows(_Rows):
         device = self.layout.device
         final, done = record.final, record.done
         if self.final_obs is None:
-            self.final_obs = empty_obs(self.layout.obs_space, (self.T, self.N), device=device)
+            # Zeroed: a batch valued densely (see dense_finals) calls the policy on rows no episode ended at too.
+            self.final_obs = empty_obs(self.layout.obs_space, (self.T, self.N), device=device).zero_()
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
         _write_row(None, self.final_obs, t, to_device(final, device))
         copy_into(self.final_mask[t], done)
         if carried is not None:
             if self.final_states is None:
-                self.final_states = empty_rows(carried, self.T, device)
+                self.final_states = empty_rows(carried, self.T, device).zero_()
             self.final_states[t] = carried  # the state after the episode's last step
 
     def gather_finals(self, device: torch.device) -> tuple[Tensor, Tensor, Obs, TensorDictBase | None] | None:
@@ -404,6 +412,12 @@ class DeviceRows(_Rows):
         ts, envs = self.final_mask.nonzero(as_tuple=True)  # the one host sync of a batch
         states = None if self.final_states is None else self.final_states[ts, envs]
         return ts, envs, self.final_obs[ts, envs], states
+
+    def dense_finals(self) -> tuple[Tensor, Obs, TensorDictBase | None] | None:
+        """``(mask [T, N] of the envs that ended, final observations [T, N], states)``, or None: no host sync."""
+        if self.final_mask is None:
+            return None
+        return self.final_mask, self.final_obs, self.final_states
 
     def first_obs(self) -> Obs:
         return self.obs[0]
