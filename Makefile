@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Pinned so that pip takes a known release; override e.g. TORCH_SPEC='torch>=2.4'.
 TORCH_SPEC ?= torch==2.13.0
+# pytest-xdist workers for `make test`, each file in one of them (the Ray tests together, see tests/conftest.py);
+# e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint clean
 
@@ -20,7 +23,7 @@ run: $(VENV)/.installed
 	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -1,7 +1,9 @@
-"""Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, and SIGINT caught."""
+"""Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, SIGINT caught, and the
+tests shared among pytest-xdist's workers by file, with every Ray test in one worker."""
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Any
 
@@ -104,6 +106,42 @@ def _unique(params: Any) -> list[Any]:
         if not any(_same(param, seen) for seen in unique):
             unique.append(param)
     return unique
+
+
+# `make test` runs the suite in two pytest-xdist workers with `--dist loadfile`: each file in one worker, so that
+# a module's set-up (a warmed-up forkserver, an envpool batch) runs once. A Ray test, though, goes to the worker
+# that runs the other Ray tests, whatever its file: each worker would start a local Ray of its own (seconds of
+# CPU, two more CPUs' worth of Ray workers on the machine). That group goes out first: it is the longest.
+RAY_GROUP = "Ray tests"
+_RAY_ID = re.compile(r"\[(?:[^\]]*-)?ray\d+(?:-[^\]]*)?\]$")  # the ray2 placement among the test's parameters
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work that a test id goes to a worker with: the Ray tests together, any other test with its file."""
+    path = nodeid.split("::", 1)[0]
+    if path == "tests/test_ray.py" or _RAY_ID.search(nodeid):
+        return RAY_GROUP
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileAndRayScheduling(LoadFileScheduling):
+        """Files to workers as ``--dist loadfile`` does, the Ray tests of every file as one unit, given out first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if RAY_GROUP in self.workqueue:
+                self.workqueue.move_to_end(RAY_GROUP, last=False)
+            super()._assign_work_unit(node)
+
+    return FileAndRayScheduling(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

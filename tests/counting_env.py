@@ -1,4 +1,9 @@
-"""A counting env whose every step is assertable by hand, and policies to drive it."""
+"""Counting envs whose every step is assertable by hand, and policies to drive them.
+
+CountingEnv records each step (its action, reward and observations) for tests that check a batch against the env's
+own log; TransitionCountingEnv numbers its real transitions and checks each action, for tests that prove every
+transition arrives once, in order, acted on by the policy that saw its observation.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import nn
+
+from reliability_envs import EnvFault
 
 
 class CountingEnv(gym.Env):
@@ -150,3 +157,78 @@ class CountingPolicy(nn.Module):
             action = torch.randint(0, 3, (n,), device=obs.device)
         value = (value_fn(obs).to(obs.dtype) * self.scale).to(obs.device)
         return {"action": action, "value": value, "log_prob": torch.full((n,), -1.0986, device=obs.device)}
+
+
+class TransitionCountingEnv(gym.Env):
+    """An env whose every real transition can be recognized in a batch.
+
+    The observation is ``[env index, episode, t, k]``: ``t`` counts the steps of
+    the episode, ``k`` every ``step()`` call of this env since it was built (its
+    real transitions). A step's reward is ``k`` of that step, so the masked rows
+    of one env across consecutive batches must read ``0, 1, 2, ...``. Episode
+    ``e`` of env ``i`` lasts ``episode_length(i, e)`` steps and ends terminated
+    when ``e`` is even, truncated when odd. The action must be ``t % 2`` (what
+    TransitionCountingPolicy picks from the observation), else step raises: a proof that
+    each action reached the env whose observation chose it.
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.episode = -1
+        self.t = 0
+        self.k = 0
+
+    @staticmethod
+    def episode_length(index: int, episode: int) -> int:
+        return 2 + (3 * index + episode) % 5
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.index, self.episode, self.t, self.k], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: object) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if int(action) != self.t % 2:
+            raise EnvFault(f"TransitionCountingEnv {self.index}: action {action} at t={self.t}, expected {self.t % 2}")
+        reward = float(self.k)
+        self.k += 1
+        self.t += 1
+        end = self.t == self.episode_length(self.index, self.episode)
+        terminated = end and self.episode % 2 == 0
+        return self._obs(), reward, terminated, end and not terminated, {}
+
+
+class TransitionCountingPolicy(nn.Module):
+    """Picks ``t % 2`` and values an observation at ``k + t / 8`` (exact in float32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        t, k = obs[:, 2], obs[:, 3]
+        return {
+            "action": t.long() % 2,
+            "value": self.scale * (k + t / 8),
+            "log_prob": torch.zeros(obs.shape[0]),
+        }
+
+
+def counting_vec(
+    num_envs: int,
+    start_index: int = 0,
+    *,
+    cls: type[VectorEnv] = SyncVectorEnv,
+    mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+) -> VectorEnv:
+    """TransitionCountingEnvs ``start_index ..`` as a vector env: a picklable recipe for worker processes (with
+    partial)."""
+    return cls([partial(TransitionCountingEnv, start_index + i) for i in range(num_envs)], autoreset_mode=mode)

@@ -31,8 +31,6 @@ __all__ = [
     "BadObsVectorEnv",
     "BlockingPolicy",
     "ConstantPolicy",
-    "CountingEnv",
-    "CountingPolicy",
     "EnvFault",
     "FaultyEnv",
     "GcPolicy",
@@ -46,7 +44,6 @@ __all__ = [
     "collect_error",
     "collector_threads",
     "copy_reason",
-    "counting_vec",
     "faulty_fns",
     "faulty_vec",
     "make_vec",
@@ -82,83 +79,6 @@ def make_vec(
 ) -> VectorEnv:
     """Builds a Sync or Async vector env of ``fns`` in autoreset ``mode``."""
     return cls(fns, autoreset_mode=mode)
-
-
-def counting_vec(
-    num_envs: int,
-    start_index: int = 0,
-    *,
-    cls: type[VectorEnv] = SyncVectorEnv,
-    mode: AutoresetMode = AutoresetMode.NEXT_STEP,
-) -> VectorEnv:
-    """CountingEnvs ``start_index ..`` as a vector env: a picklable recipe for worker processes (with partial)."""
-    return cls([partial(CountingEnv, start_index + i) for i in range(num_envs)], autoreset_mode=mode)
-
-
-# -- counting env ----------------------------------------------------------------------------------
-
-
-class CountingEnv(gym.Env):
-    """An env whose every real transition can be recognized in a batch.
-
-    The observation is ``[env index, episode, t, k]``: ``t`` counts the steps of
-    the episode, ``k`` every ``step()`` call of this env since it was built (its
-    real transitions). A step's reward is ``k`` of that step, so the masked rows
-    of one env across consecutive batches must read ``0, 1, 2, ...``. Episode
-    ``e`` of env ``i`` lasts ``episode_length(i, e)`` steps and ends terminated
-    when ``e`` is even, truncated when odd. The action must be ``t % 2`` (what
-    CountingPolicy picks from the observation), else step raises: a proof that
-    each action reached the env whose observation chose it.
-    """
-
-    metadata: dict[str, Any] = {"render_modes": []}
-
-    def __init__(self, index: int = 0) -> None:
-        self.index = index
-        self.observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
-        self.action_space = spaces.Discrete(2)
-        self.episode = -1
-        self.t = 0
-        self.k = 0
-
-    @staticmethod
-    def episode_length(index: int, episode: int) -> int:
-        return 2 + (3 * index + episode) % 5
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self.index, self.episode, self.t, self.k], dtype=np.float32)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        if int(action) != self.t % 2:
-            raise EnvFault(f"CountingEnv {self.index}: action {action} at t={self.t}, expected {self.t % 2}")
-        reward = float(self.k)
-        self.k += 1
-        self.t += 1
-        end = self.t == self.episode_length(self.index, self.episode)
-        terminated = end and self.episode % 2 == 0
-        return self._obs(), reward, terminated, end and not terminated, {}
-
-
-class CountingPolicy(nn.Module):
-    """Picks ``t % 2`` and values an observation at ``k + t / 8`` (exact in float32)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(()))
-
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        t, k = obs[:, 2], obs[:, 3]
-        return {
-            "action": t.long() % 2,
-            "value": self.scale * (k + t / 8),
-            "log_prob": torch.zeros(obs.shape[0]),
-        }
 
 
 # -- faulty env ------------------------------------------------------------------------------------

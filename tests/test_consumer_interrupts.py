@@ -30,19 +30,18 @@ from torch.overrides import TorchFunctionMode
 
 from torch_rollout import Collector
 
+from counting_env import TransitionCountingPolicy, counting_vec
 from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
 from reliability_envs import (
     GC_ARMED,
     GC_GO,
     ConstantPolicy,
-    CountingPolicy,
     FaultyEnv,
     GcPolicy,
     SlowReadPolicy,
     Snapshot,
     close_envs,
     collector_threads,
-    counting_vec,
     faulty_fns,
     wait_until,
     warm_up_multiprocessing,
@@ -356,7 +355,7 @@ def test_interpreter_exit_with_running_collector(vec, how, envs):
 STORM = """
 import _thread, random
 from functools import partial
-from reliability_envs import CountingEnv, CountingPolicy
+from counting_env import TransitionCountingEnv, TransitionCountingPolicy
 
 done = threading.Event()
 
@@ -375,8 +374,8 @@ def on_sigint(signum, frame):
 
 signal.signal(signal.SIGINT, on_sigint)
 for prefetch in (0, 2):
-    envs = VEC([partial(CountingEnv, i) for i in range(2)])
-    collector = Collector(envs, CountingPolicy(), num_steps=4, device="cpu", prefetch=prefetch, timeout=120)
+    envs = VEC([partial(TransitionCountingEnv, i) for i in range(2)])
+    collector = Collector(envs, TransitionCountingPolicy(), num_steps=4, device="cpu", prefetch=prefetch, timeout=120)
     done.clear()
     thread = threading.Thread(target=storm)
     thread.start()
@@ -526,7 +525,8 @@ class StepCount(gym.vector.VectorWrapper):
 
 
 def counted_envs(num_envs: int, start_index: int = 0, *, calls: torch.Tensor) -> VectorEnv:
-    """CountingEnvs whose steps are counted in ``calls[start_index]``: each worker's envs have a slot of their own."""
+    """TransitionCountingEnvs whose steps are counted in ``calls[start_index]``: each worker's envs have a slot of
+    their own."""
     return StepCount(counting_vec(num_envs, start_index), calls, start_index)
 
 
@@ -585,7 +585,7 @@ def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ah
 
     batches = []
     options = dict(num_steps=T, device="cpu", prefetch=prefetch, timeout=TIMEOUT, **placement, **extra)
-    with Collector(envs, CountingPolicy(), **options) as collector:
+    with Collector(envs, TransitionCountingPolicy(), **options) as collector:
         iter(collector)  # starts collecting ahead
         k = 0
         while True:
@@ -607,7 +607,7 @@ def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ah
     assert k > 5  # next() had that many points to interrupt
     mask = torch.cat([b["mask"] for b in batches])
     reward = torch.cat([b["reward"] for b in batches])
-    for i in range(N):  # CountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
+    for i in range(N):  # TransitionCountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
         got = reward[:, i][mask[:, i]]
         assert torch.equal(got, torch.arange(len(got), dtype=got.dtype)), f"env {i}: a batch was dropped"
 

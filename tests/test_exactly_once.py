@@ -19,17 +19,9 @@ from torch import nn
 
 from torch_rollout import Collector
 
+from counting_env import TransitionCountingEnv, TransitionCountingPolicy, counting_vec
 from placements import PLACEMENTS, envs_for
-from reliability_envs import (
-    AUTORESET_MODES,
-    CountingEnv,
-    CountingPolicy,
-    SlowReadPolicy,
-    close_envs,
-    copy_reason,
-    counting_vec,
-    take,
-)
+from reliability_envs import AUTORESET_MODES, SlowReadPolicy, close_envs, copy_reason, take
 
 TIMEOUT = 60.0
 FAULTY = partial(gymnasium.make_vec, "torch_rollout_tests/Faulty-v0")  # healthy FaultyEnvs, for any placement
@@ -37,10 +29,10 @@ N, T, BATCHES = 3, 7, 8  # T is prime to every episode length: episode ends fall
 
 
 def expected_transitions(index: int, count: int) -> list[dict]:
-    """The first ``count`` real transitions of CountingEnv ``index``, worked out by hand."""
+    """The first ``count`` real transitions of TransitionCountingEnv ``index``, worked out by hand."""
     rows, episode, t, ret = [], 0, 0, 0.0
     for k in range(count):
-        length = CountingEnv.episode_length(index, episode)
+        length = TransitionCountingEnv.episode_length(index, episode)
         end = t + 1 == length
         ret += k
         rows.append(
@@ -80,7 +72,7 @@ def test_every_transition_once_and_in_order(mode, prefetch, cls, placement):
     masks = []
     with Collector(
         envs,
-        CountingPolicy(),
+        TransitionCountingPolicy(),
         num_steps=T,
         device="cpu",
         prefetch=prefetch,

@@ -14,15 +14,16 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from torch_rollout import BatchKeys, Collector
 
+from counting_env import TransitionCountingEnv, TransitionCountingPolicy
 from placements import PLACEMENTS, envs_for
-from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy
+from reliability_envs import AUTORESET_MODES
 
 N, T, BATCHES = 3, 7, 4  # T is prime to every episode length: episode ends fall on batch boundaries too
 TIMEOUT = 60.0
 
 
-class InfoEnv(CountingEnv):
-    """CountingEnv with infos: ``k`` (the step's reward) and ``flags`` each step, ``ended`` at episode ends.
+class InfoEnv(TransitionCountingEnv):
+    """TransitionCountingEnv with infos: ``k`` (the step's reward) and ``flags`` each step, ``ended`` at episode ends.
 
     Its reset gives ``k=-1`` and ``flags`` too, so a row that took the reset's
     infos (NEXT_STEP reset rows, SAME_STEP top level) would show it.
@@ -69,7 +70,7 @@ def collect(placement: dict, mode: AutoresetMode, **kwargs: Any) -> list:
     envs, extra = envs_for(placement, partial(info_vec, mode=mode), N)
     with Collector(
         envs,
-        CountingPolicy(),
+        TransitionCountingPolicy(),
         num_steps=T,
         total_timesteps=T * N * BATCHES,
         device="cpu",
@@ -133,7 +134,7 @@ def test_info_key_that_the_env_never_gives_is_named(placement):
     with pytest.raises(ValueError, match=message):
         collector = Collector(
             envs,
-            CountingPolicy(),
+            TransitionCountingPolicy(),
             num_steps=T,
             device="cpu",
             timeout=TIMEOUT,
@@ -147,7 +148,7 @@ def test_info_key_that_the_env_never_gives_is_named(placement):
         envs.close()
 
 
-class ChangingInfoEnv(CountingEnv):
+class ChangingInfoEnv(TransitionCountingEnv):
     """Gives ``x`` as a float at first, as an array of 2 from its third step on (env 1 first: env 0 resets first)."""
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
@@ -162,7 +163,7 @@ def test_info_whose_structure_changes_is_named():
         "float32 when collection started"
     )
     with Collector(
-        envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["x"])
+        envs, TransitionCountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["x"])
     ) as collector:
         with pytest.raises(ValueError, match=re.escape(message)):
             next(iter(collector))
@@ -170,9 +171,16 @@ def test_info_whose_structure_changes_is_named():
 
 
 def test_episode_info_comes_with_its_structure_before_any_episode_ended():
-    envs = gymnasium.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv([partial(CountingEnv, i) for i in range(2)]))
+    envs = gymnasium.wrappers.vector.RecordEpisodeStatistics(
+        SyncVectorEnv([partial(TransitionCountingEnv, i) for i in range(2)])
+    )
     with Collector(
-        envs, CountingPolicy(), num_steps=1, device="cpu", backend="thread", keys=BatchKeys(info_keys=["episode"])
+        envs,
+        TransitionCountingPolicy(),
+        num_steps=1,
+        device="cpu",
+        backend="thread",
+        keys=BatchKeys(info_keys=["episode"]),
     ) as c:
         info = next(iter(c))["info"]
     assert not info["_episode"].any() and info["episode"].batch_size == (1, 2)
@@ -201,7 +209,7 @@ def test_bad_info_keys_are_named(info_keys, error, message):
     with pytest.raises(error, match=re.escape(message)):
         Collector(
             "CartPole-v1",
-            CountingPolicy(),
+            TransitionCountingPolicy(),
             num_envs=1,
             num_steps=1,
             backend="thread",
@@ -209,7 +217,7 @@ def test_bad_info_keys_are_named(info_keys, error, message):
         )
 
 
-class TextInfoEnv(CountingEnv):
+class TextInfoEnv(TransitionCountingEnv):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         obs, reward, terminated, truncated, _ = super().step(action)
         return obs, reward, terminated, truncated, {"name": "abc"}
@@ -219,7 +227,12 @@ def test_info_that_is_not_a_number_is_named():
     envs = SyncVectorEnv([partial(TextInfoEnv, i) for i in range(2)])
     message = "Collector: info 'name' holds str values (a NumPy object array); the batch keeps numbers"
     with Collector(
-        envs, CountingPolicy(), num_steps=T, device="cpu", backend="thread", keys=BatchKeys(info_keys=["name"])
+        envs,
+        TransitionCountingPolicy(),
+        num_steps=T,
+        device="cpu",
+        backend="thread",
+        keys=BatchKeys(info_keys=["name"]),
     ) as collector:
         with pytest.raises(TypeError, match=re.escape(message)):
             next(iter(collector))

@@ -23,12 +23,13 @@ from torch_rollout import BatchKeys, Collector, Processes, double_buffered
 
 import counting_env
 from async_pool import AsyncCountingPool, make_async_counting_pool
+from counting_env import TransitionCountingEnv, TransitionCountingPolicy, counting_vec
 from placements import PLACEMENTS, envs_for
-from reliability_envs import AUTORESET_MODES, CountingEnv, CountingPolicy, counting_vec
+from reliability_envs import AUTORESET_MODES
 
 TIMEOUT = 60.0
 N, T, BATCHES = 3, 7, 5  # T is prime to every episode length: episode ends fall on batch boundaries too
-STEP = torch.tensor([0.0, 0.0, 1.0, 1.0])  # reliability_envs.CountingEnv: a step adds 1 to t and to k
+STEP = torch.tensor([0.0, 0.0, 1.0, 1.0])  # counting_env.TransitionCountingEnv: a step adds 1 to t and to k
 NEXT_OBS = BatchKeys(next_obs=True)
 
 
@@ -49,8 +50,8 @@ def streams(batches: list[TensorDict]) -> TensorDict:
 
 
 def assert_true_next_obs(rows: TensorDict, obs_key: str = "obs") -> None:
-    """reliability_envs.CountingEnv ``[i, episode, t, k]``: the observation after a real step is ``[i, episode, t + 1,
-    k + 1]``; at an episode end the final one, whose ``t`` is the episode's length."""
+    """counting_env.TransitionCountingEnv ``[i, episode, t, k]``: the observation after a real step is
+    ``[i, episode, t + 1, k + 1]``; at an episode end the final one, whose ``t`` is the episode's length."""
     obs, next_obs, real, done = rows[obs_key], rows["next_" + obs_key], rows["mask"], rows["done"]
     assert next_obs.dtype == obs.dtype and next_obs.shape == obs.shape
     assert torch.equal(next_obs[real], obs[real] + STEP)
@@ -58,7 +59,7 @@ def assert_true_next_obs(rows: TensorDict, obs_key: str = "obs") -> None:
     inside = real[:-1] & ~done[:-1]
     assert torch.equal(next_obs[:-1][inside], obs[1:][inside])
     ended = real & done
-    lengths = [CountingEnv.episode_length(int(i), int(e)) for i, e in obs[ended][:, :2].tolist()]
+    lengths = [TransitionCountingEnv.episode_length(int(i), int(e)) for i, e in obs[ended][:, :2].tolist()]
     assert ended.any() and next_obs[ended][:, 2].tolist() == lengths
 
 
@@ -67,7 +68,7 @@ def assert_true_next_obs(rows: TensorDict, obs_key: str = "obs") -> None:
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
 def test_next_obs_is_the_observation_after_each_step(mode, placement):
     envs, extra = envs_for(placement, partial(counting_vec, mode=mode), N)
-    batches = collect(envs, CountingPolicy(), seed=0, **placement)
+    batches = collect(envs, TransitionCountingPolicy(), seed=0, **placement)
     if not extra:
         envs.close()
     rows = streams(batches)
@@ -87,14 +88,14 @@ def test_next_obs_is_the_observation_after_each_step(mode, placement):
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda m: m.value)
 def test_next_obs_is_absent_by_default(mode):
     envs = counting_vec(N, mode=mode)
-    (batch,) = collect(envs, CountingPolicy(), batches=1, keys=BatchKeys())
+    (batch,) = collect(envs, TransitionCountingPolicy(), batches=1, keys=BatchKeys())
     envs.close()
     assert not any(str(key).startswith("next_") and key != "next_value" for key in batch.keys())
 
 
 def test_the_key_follows_obs_key():
     envs = counting_vec(N, mode=AutoresetMode.SAME_STEP)
-    batches = collect(envs, CountingPolicy(), keys=BatchKeys(obs_key="observation", next_obs=True))
+    batches = collect(envs, TransitionCountingPolicy(), keys=BatchKeys(obs_key="observation", next_obs=True))
     envs.close()
     assert "next_obs" not in batches[0].keys()
     assert_true_next_obs(streams(batches), obs_key="observation")
@@ -103,8 +104,8 @@ def test_the_key_follows_obs_key():
 # -- Dict observations ---------------------------------------------------------------------------------
 
 
-class DictCountingEnv(CountingEnv):
-    """reliability_envs.CountingEnv with the observation ``{"state": [i, episode, t, k], "t": t}`` (int64 ``t``)."""
+class DictCountingEnv(TransitionCountingEnv):
+    """TransitionCountingEnv with the observation ``{"state": [i, episode, t, k], "t": t}`` (int64 ``t``)."""
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
@@ -121,7 +122,7 @@ class DictCountingEnv(CountingEnv):
         return {"state": obs, "t": int(obs[2])}, *rest
 
 
-class DictCountingPolicy(CountingPolicy):
+class DictCountingPolicy(TransitionCountingPolicy):
     def forward(self, obs: TensorDict) -> dict[str, torch.Tensor]:
         return super().forward(obs["state"])
 

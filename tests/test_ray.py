@@ -26,15 +26,9 @@ from test_consumer_interrupts import next_with_ctrl_c_at, sigint_raises_keyboard
 
 from torch_rollout import Collector, Ray, Seed, gym_envs
 
-from counting_env import make_seed_envs
+from counting_env import TransitionCountingPolicy, counting_vec, make_seed_envs
 from placements import local_ray
-from reliability_envs import (
-    ConstantPolicy,
-    CountingPolicy,
-    counting_vec,
-    take,
-    wait_until,
-)
+from reliability_envs import ConstantPolicy, take, wait_until
 
 ray = pytest.importorskip("ray")
 
@@ -59,8 +53,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-class PidPolicy(CountingPolicy):
-    """CountingPolicy that also reports the pid of the process it runs in: which actor collected each row."""
+class PidPolicy(TransitionCountingPolicy):
+    """TransitionCountingPolicy that also reports the pid of the process it runs in: which actor collected each row."""
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         return {**super().forward(obs), "pid": torch.full((obs.shape[0],), os.getpid())}
@@ -247,7 +241,7 @@ def test_ctrl_c_at_points_of_next_drops_no_batch(sigint_raises_keyboard_interrup
     batches, k = [], 1
     with Collector(
         counting_vec,
-        CountingPolicy(),
+        TransitionCountingPolicy(),
         num_envs=N,
         num_steps=T,
         backend=Ray(2),
@@ -265,7 +259,7 @@ def test_ctrl_c_at_points_of_next_drops_no_batch(sigint_raises_keyboard_interrup
     assert k > 100
     mask = torch.cat([b["mask"] for b in batches])
     reward = torch.cat([b["reward"] for b in batches])
-    for i in range(N):  # CountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
+    for i in range(N):  # TransitionCountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
         got = reward[:, i][mask[:, i]]
         assert torch.equal(got, torch.arange(len(got), dtype=got.dtype)), f"env {i}: a batch was dropped"
 
@@ -275,7 +269,7 @@ import sys, time
 sys.path.insert(0, {tests!r})
 import ray
 from test_ray import PidPolicy
-from reliability_envs import counting_vec
+from counting_env import counting_vec
 from torch_rollout import Collector, Ray
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from torch.distributions import Categorical
 
 from torch_rollout import BatchKeys, Collector, _interaction
 
+from counting_env import TransitionCountingPolicy, counting_vec
 from placements import PLACEMENTS, envs_for
-from reliability_envs import CountingPolicy, counting_vec
 
 N, T, BATCHES = 4, 16, 3
 
@@ -40,7 +40,7 @@ class Uniform(nn.Module):
 
 
 class Half(nn.Module):
-    """A critic of CountingEnv: k + t / 8 (what reliability_envs.CountingPolicy values), as [n, 1]."""
+    """A critic of TransitionCountingEnv: k + t / 8 (what counting_env.TransitionCountingPolicy values), as [n, 1]."""
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return (observation[:, 3] + observation[:, 2] / 8).unsqueeze(-1)
@@ -127,8 +127,8 @@ def collect(placement: dict, policy: nn.Module, **kwargs) -> list:
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_observation_key_and_state_value_give_the_same_advantages(placement):
-    expected = collect(placement, CountingPolicy())  # plain module: reads obs, writes "value"
-    # CountingEnv needs action t % 2: a TensorDict policy that reads "observation" and writes "state_value".
+    expected = collect(placement, TransitionCountingPolicy())  # plain module: reads obs, writes "value"
+    # TransitionCountingEnv needs action t % 2: a TensorDict policy that reads "observation" and writes "state_value".
     parity = TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"])
     policy = TensorDictSequential(parity, TensorDictModule(Half(), in_keys=["observation"], out_keys=["state_value"]))
     got = collect(placement, policy, keys=BatchKeys(obs_key="observation"))

@@ -1,0 +1,34 @@
+"""The suite's own set-up: how `make test` shares the tests among pytest-xdist's workers."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import RAY_GROUP, _on_ray, xdist_scope
+
+from placements import PLACEMENTS
+
+
+@pytest.mark.parametrize(
+    "params",
+    [["{placement}"], ["{placement}", "prefetch1"], ["prefetch1", "{placement}"], ["a", "{placement}", "b"]],
+    ids=["alone", "first", "last", "between"],
+)
+def test_a_test_on_ray_goes_with_the_ray_tests_and_any_other_with_its_file(params):
+    for placement in PLACEMENTS:
+        nodeid = f"tests/test_x.py::test_y[{'-'.join(params).format(placement=placement.id)}]"
+        expected = RAY_GROUP if placement.id == "ray2" else "tests/test_x.py"
+        assert xdist_scope(nodeid) == expected, nodeid
+    for nodeid in ["tests/test_x.py::test_array2", "tests/test_x.py::test_y[array2]", "tests/test_x.py::test_y[ray]"]:
+        assert xdist_scope(nodeid) == "tests/test_x.py", nodeid
+    assert xdist_scope("tests/test_ray.py::test_y") == RAY_GROUP  # every test there starts the local Ray
+    assert xdist_scope("torch_rollout/gae.py::torch_rollout.gae.compute_gae") == "torch_rollout/gae.py"
+
+
+def test_the_collected_tests_go_to_the_ray_group_exactly_when_they_run_on_ray(request):
+    items = request.session.items
+    wrong = [
+        item.nodeid
+        for item in items
+        if (xdist_scope(item.nodeid) == RAY_GROUP) != (_on_ray(item) or item.nodeid.startswith("tests/test_ray.py::"))
+    ]
+    assert wrong == []
