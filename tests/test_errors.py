@@ -158,6 +158,18 @@ def test_bad_envs_and_policy_arguments():
         ),
     ):
         Collector(CountingEnv(), CountingPolicy(), num_steps=4)
+
+    class BatchedEnv(CountingEnv):  # a gymnasium.Env stepping many envs at once, as Isaac Lab's envs are
+        num_envs = 64
+
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "got BatchedEnv with num_envs=64, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in Isaac "
+            "Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
+        ),
+    ):
+        Collector(BatchedEnv(), CountingPolicy(), num_steps=4)
     envs = make_counting_envs(2)
     with pytest.raises(TypeError, match=re.escape("Collector: policy must be a torch.nn.Module, got function")):
         Collector(envs, lambda obs: obs, num_steps=4)

@@ -585,7 +585,15 @@ def _check_policy(policy: Any) -> None:
 
 def _check_envs(envs: Any) -> None:
     if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
-        hint = " (wrap a single env with gymnasium.vector.SyncVectorEnv)" if isinstance(envs, gymnasium.Env) else ""
+        hint = ""
+        if isinstance(envs, gymnasium.Env):
+            batched = isinstance(getattr(envs, "num_envs", None), int) and envs.num_envs > 1
+            hint = (
+                f" with num_envs={envs.num_envs}, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in "
+                "Isaac Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
+                if batched
+                else " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
+            )
         raise TypeError(
             f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
             f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}{hint}"
