@@ -201,14 +201,10 @@ class Acting:
         episode's last step, as the batch's rows gather them.
         """
         ts, envs, obs, states = finals
-        not_init = torch.zeros(width, dtype=torch.bool, device=self.device)
         for start in range(0, len(ts), width):
             part = slice(start, start + width)
             n = len(ts[part])
-            if states is None:
-                call = PolicyCall(obs[part], value_only=True)
-            else:
-                call = PolicyCall(obs[part], states[part], not_init[:n], value_only=True)
+            call = _bootstrap_call(obs[part], None if states is None else states[part], n, self.device)
             target = (ts[part].to(next_value.device), envs[part].to(next_value.device))
             next_value[target] = self.value(call, n).to(next_value.device)
 
@@ -220,12 +216,8 @@ class Acting:
         """
         mask, obs, states = dense
         T, N = mask.shape
-        not_init = torch.zeros(N, dtype=torch.bool, device=self.device)
         for t in range(T):
-            if states is None:
-                call = PolicyCall(obs[t], value_only=True)
-            else:
-                call = PolicyCall(obs[t], states[t], not_init, value_only=True)
+            call = _bootstrap_call(obs[t], None if states is None else states[t], N, self.device)
             value = self.value(call, N).to(next_value.device)
             next_value[t] = torch.where(mask[t].to(next_value.device), value, next_value[t])
 
@@ -316,6 +308,13 @@ class Acting:
                 f"Collector: the policy returns {self.next_obs_key!r}, the batch key of the next observations "
                 f"with BatchKeys(next_obs=True) ('next_' + obs_key); rename that output, or pass another obs_key"
             )
+
+
+def _bootstrap_call(obs: Obs, states: TensorDictBase | None, n: int, device: torch.device) -> PolicyCall:
+    """A value call on ``n`` final observations, with (recurrent) the states after the episodes' last steps."""
+    if states is None:
+        return PolicyCall(obs, value_only=True)
+    return PolicyCall(obs, states, torch.zeros(n, dtype=torch.bool, device=device), value_only=True)
 
 
 def _items(raw: Any, obs_key: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout._devices import to_device
+from torch_rollout._spaces import where_rows
 
 __all__ = ["EPISODE_STATISTICS", "InfoRecorder", "TensorInfoRecorder", "check_info_keys"]
 
@@ -367,12 +368,12 @@ class TensorInfoRecorder:
                 ended = self._value(final, key)
                 if ended is not None:
                     covered = done if final_mask is None else done & final_mask.to(done.device, torch.bool)
-                    value = _where(covered, ended, value)
+                    value = where_rows(covered, ended, value)
                     present = present | covered
             if mask is not None:
                 present = present & mask
             present = present.to(rows.device)
-            rows[key][t] = _where(present, value.to(rows.device), 0)
+            rows[key][t] = where_rows(present, value.to(rows.device), 0)
             rows["_" + key][t] = present
 
 
@@ -385,13 +386,3 @@ def _zeros_like_rows(value: Tensor | TensorDictBase, T: int, device: torch.devic
         )
     dtype = torch.float32 if value.dtype == torch.float64 else value.dtype
     return torch.zeros((T, *value.shape), dtype=dtype, device=device)
-
-
-def _where(mask: Tensor, value: Any, other: Any) -> Any:
-    """``torch.where`` over the rows of a tensor or of every leaf of a TensorDict (``mask``: ``[N]``)."""
-    if isinstance(value, TensorDictBase):
-        other_leaf = (lambda key: other[key]) if isinstance(other, TensorDictBase) else (lambda key: other)
-        return TensorDict(
-            {key: _where(mask, value[key], other_leaf(key)) for key in value.keys()}, batch_size=value.batch_size
-        )
-    return torch.where(mask.view(-1, *(1,) * (value.dim() - 1)), value, other)

@@ -25,8 +25,8 @@ from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout._devices import copy_into
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._recurrent import RecurrentState
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select, where_rows
-from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
+from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes, where_rows
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RolloutLoop", "Stopped"]
@@ -119,19 +119,19 @@ class RolloutLoop:
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
         self.outputs: OutputLayout | None = None  # the policy's outputs, once its first call told them
         loop_keys = LOOP_KEYS
-        self.initial_state = self.recurrent = None
+        initial_state = self.recurrent = None
         if spec.initial_state is not None:
             loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
-            self.initial_state = spec.initial_state[env_offset : env_offset + self.num_envs].to(device).clone()
+            initial_state = spec.initial_state[env_offset : env_offset + self.num_envs].to(device).clone()
         self.acting = Acting(
             forward,
             device=device,
             obs_key=self.obs_key,
             next_obs_key=self.next_obs_key,
-            initial_state=self.initial_state,
+            initial_state=initial_state,
         )
-        if self.initial_state is not None:
-            self.recurrent = RecurrentState(self.initial_state, device=device, on_device=self.on_device)
+        if initial_state is not None:
+            self.recurrent = RecurrentState(initial_state, device=device, on_device=self.on_device)
         self.layout = RowLayout(
             num_steps=self.num_steps,
             num_envs=self.num_envs,
@@ -141,7 +141,7 @@ class RolloutLoop:
             obs_space=self.obs_space,
             next_obs_key=self.next_obs_key,
             loop_keys=loop_keys,
-            state_keys=None if self.initial_state is None else tuple(self.acting.state_keys),
+            state_keys=None if initial_state is None else tuple(self.acting.state_keys),
         )
         driver.check_seed(seed)
 
@@ -290,7 +290,10 @@ class RolloutLoop:
         self.acted[ids] = rows + 1
         places = self._locate(ids, rows, allocate=True)
         obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
-        state = None if self.recurrent is None else self.recurrent.of(ids)
+        state = index = None
+        if self.recurrent is not None:
+            index = torch.from_numpy(ids).to(self.device)  # once for the state read and the state carried
+            state = self.recurrent.of(ids, index)
         out_t, version, next_state = self._decide(obs_in, state, ids, len(ids))
         if self.storage_device.type == "cpu":
             out_t = {key: value.to(self.storage_device) for key, value in out_t.items()}
@@ -298,7 +301,7 @@ class RolloutLoop:
             buffer.put_obs_at(flat, select(record.obs, sel))
             buffer.put_acted_at(flat, sel, out_t, version, state)
         if state is not None:
-            self.recurrent.carry(next_state, ids)
+            self.recurrent.carry(next_state, index)
 
     def _decide(
         self, obs: Obs, state: tuple[TensorDictBase, Any] | None, ids: np.ndarray | None, n: int
@@ -413,7 +416,7 @@ class RolloutLoop:
         """The value of the observations the next batch starts with, with the state it starts with (not advanced)."""
         # Not through the staging row: nothing reads an action back before the next step writes it again.
         last_obs = self._waiting_obs(self.device)
-        if self.initial_state is None:
+        if self.recurrent is None:
             call = PolicyCall(last_obs, value_only=True)
         else:
             state, is_init = self.recurrent.of(None)

@@ -52,18 +52,18 @@ class RecurrentState:
         else:
             self.is_init = np.ones(N, dtype=bool)
 
-    def of(self, ids: np.ndarray | None) -> tuple[TensorDictBase, np.ndarray | Tensor]:
-        """``(state, is_init)`` of the next rows of the envs ``ids`` (None: all)."""
+    def of(self, ids: np.ndarray | None, index: Tensor | None = None) -> tuple[TensorDictBase, np.ndarray | Tensor]:
+        """``(state, is_init)`` of the next rows of the envs ``ids`` (None: all); ``index``: ``ids`` on the device."""
         if ids is None:
             return self.state, self.is_init
-        return self.state[torch.from_numpy(ids).to(self.device)], self.is_init[ids]
+        return self.state[index], self.is_init[ids]
 
-    def carry(self, next_state: TensorDictBase, ids: np.ndarray | None) -> None:
-        """Keeps the policy's next state of the envs ``ids`` (None: all) as the state after their last row."""
-        if ids is None:
+    def carry(self, next_state: TensorDictBase, index: Tensor | None) -> None:
+        """Keeps the policy's next state of the envs ``index`` (on the device; None: all) after their last row."""
+        if index is None:
             self.carried = next_state
         else:
-            self.carried[torch.from_numpy(ids).to(self.device)] = next_state
+            self.carried[index] = next_state
 
     def is_init_tensor(self, is_init: np.ndarray | Tensor) -> Tensor:
         """``is_init`` as the policy gets it: a bool tensor on its device."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from torch_rollout._acting import OutputLayout
     from torch_rollout._env_seam import StepRecord
 
-__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select", "where_rows"]
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select"]
 
 # The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
 LOOP_KEYS = {
@@ -60,13 +60,6 @@ def _widen(value: Tensor | TensorDictBase, n: int) -> Tensor | TensorDictBase:
     if isinstance(value, Tensor):
         return value[:1].expand(n, *value.shape[1:])
     return value[:1].expand(n)
-
-
-def where_rows(mask: Tensor, value: Obs, other: Obs) -> Obs:
-    """``value`` where ``mask`` (``[T, N]``) is True, else ``other``: rows of tensors, or of a TensorDict's leaves."""
-    if isinstance(value, TensorDictBase):
-        return value.apply(lambda v, o: where_rows(mask, v, o), other)
-    return torch.where(mask.view(*mask.shape, *(1,) * (value.dim() - mask.dim())), value, other)
 
 
 def select(obs: Any, sel: np.ndarray | None) -> Any:

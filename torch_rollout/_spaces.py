@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium import spaces
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "select_obs",
     "space_nbytes",
     "stack_final_obs",
+    "where_rows",
     "ActionConverter",
     "ObsChecker",
 ]
@@ -334,3 +335,16 @@ class ActionConverter:
             f"{self.space!r}; expected integers from {np.asarray(self.start).tolist()} to "
             f"{np.asarray(high).tolist()}"
         )
+
+
+def where_rows(mask: Tensor, value: Any, other: Any) -> Any:
+    """``value`` on the rows where ``mask`` is True, else ``other``: tensors, or every leaf of a TensorDict.
+
+    ``mask`` holds the leading dimensions (``[N]``, or ``[T, N]``); ``other`` has ``value``'s structure, or is
+    a scalar.
+    """
+    if isinstance(value, TensorDictBase):
+        pick = (lambda key: other[key]) if isinstance(other, TensorDictBase) else (lambda key: other)
+        leaves = {key: where_rows(mask, value[key], pick(key)) for key in value.keys()}
+        return TensorDict(leaves, batch_size=value.batch_size)
+    return torch.where(mask.view(*mask.shape, *(1,) * (value.dim() - mask.dim())), value, other)

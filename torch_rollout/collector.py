@@ -18,6 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
 from torch_rollout._compile import check_compile_policy
+from torch_rollout._devices import indexed
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._placement import Backend, Placement, resolve_backend
@@ -604,10 +605,7 @@ def _resolve_device(device: Any) -> torch.device:
     """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = _check_device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    return indexed(_check_device(device))
 
 
 def _resolve_num_envs(envs: Any, num_envs: Any) -> int:
