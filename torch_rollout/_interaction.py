@@ -11,6 +11,7 @@ Worker processes have an interaction type of their own and need nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Iterator
@@ -40,7 +41,9 @@ def own_interaction_type() -> contextlib.AbstractContextManager[None]:
     return _legacy_own_mode(probabilistic)
 
 
+@functools.cache
 def _has_thread_local(probabilistic: Any) -> bool:
+    # Once per process: inspect.signature costs more than the rest of a short batch.
     return "thread_local" in inspect.signature(probabilistic.set_interaction_type).parameters
 
 
