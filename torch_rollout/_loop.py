@@ -25,7 +25,7 @@ from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout._devices import copy_into
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._recurrent import RecurrentState
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
+from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes, where_rows
 from torch_rollout._spec import LoopSpec
 
@@ -143,6 +143,9 @@ class RolloutLoop:
             loop_keys=loop_keys,
             state_keys=None if initial_state is None else tuple(self.acting.state_keys),
         )
+        # Rows written a row at a time (not acted ahead) on the CPU: written again once the trainer lets go of them.
+        reusable = spec.batch_slots and self.storage_device.type == "cpu" and not driver.acts_at_once
+        self.ring = RowRing(spec.batch_slots) if reusable else None
         driver.check_seed(seed)
 
     @property
@@ -175,7 +178,7 @@ class RolloutLoop:
         loop's spaces): without this, the envs would wait in that cycle for the garbage collector, which may run
         in a child process forked meanwhile, where freeing an EnvPool crashes it.
         """
-        self.driver = self.envs = self.infos = self.acting = None
+        self.driver = self.envs = self.infos = self.acting = self.ring = None
         self.buffers = deque()
         self.waiting = None
 
@@ -217,12 +220,18 @@ class RolloutLoop:
         self.buffers.popleft()
         self.first_row += T
         batch = self._deliver(head)
-        if out is None or batch is out:
+        if out is None:
+            return batch if self.ring is None else self.ring.deliver(head, batch)
+        if batch is out:
             return batch
         out.copy_(batch)
         return out
 
     def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:
+        if out is None and self.ring is not None:
+            rows = self.ring.take()
+            if rows is not None:
+                return rows
         if self.on_device:
             return DeviceRows(self.layout, out, outputs=self.outputs, infos=self.infos)
         return HostRows(self.layout, out, outputs=self.outputs, infos=self.infos, staging=self.staging)
@@ -370,8 +379,9 @@ class RolloutLoop:
     # -- the batch's end: bootstrap values and next observations ---------------------------------
 
     def _deliver(self, head: HostRows | DeviceRows) -> TensorDict:
-        """The complete batch of ``head``, with ``next_value`` and the next observations."""
+        """The complete batch of ``head``, with ``done``, ``next_value`` and the next observations."""
         batch = head.assemble(self.outputs)
+        torch.logical_or(batch["terminated"], batch["truncated"], out=batch["done"])
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
         finals = dense = None
         if self.outputs.has_value or self.next_obs_key is not None:

@@ -7,11 +7,14 @@ come back at their own pace). :class:`DeviceRows` takes records of torch
 tensors and writes whole rows with tensor ops on the storage device, reading
 nothing back to the host. Both keep the final observations of the episodes
 that ended (and a recurrent policy's state after their last step) until the
-batch's end, where the loop values them.
+batch's end, where the loop values them. :class:`RowRing` keeps the rows of
+batches delivered on the CPU, to be written again once the trainer has let go
+of them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
     from torch_rollout._acting import OutputLayout
     from torch_rollout._env_seam import StepRecord
 
-__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "empty_rows", "select"]
+__all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "RowRing", "empty_rows", "select"]
 
 # The rows the loop writes itself, with their dtypes (outputs, observations and infos come on top).
 LOOP_KEYS = {
@@ -102,6 +105,8 @@ class _Rows:
         self.output_rows: dict[str, tuple[Tensor, ...] | None] = {}
         self.states = None
         self.info = None
+        self.assembled: TensorDict | None = None  # the batch of these rows, once made (rows written again keep it)
+        self.kept: Any = None  # what a RowRing keeps of these rows
 
     def _allocate_outputs(self, out_t: dict[str, Any]) -> None:
         self.outputs = {key: empty_rows(_widen(value, self.N), self.T, self.store) for key, value in out_t.items()}
@@ -120,6 +125,7 @@ class _Rows:
     def _batch(self, batch: dict[str, Any], outputs: OutputLayout) -> TensorDict:
         """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
         layout, T, N, store = self.layout, self.T, self.N, self.store
+        batch["done"] = torch.empty((T, N), dtype=torch.bool, device=store)  # terminated | truncated
         if outputs.has_value:
             batch["next_value"] = torch.empty_like(self.outputs[outputs.value_key])
         if layout.next_obs_key is not None:
@@ -127,6 +133,7 @@ class _Rows:
         out = TensorDict(batch, batch_size=[T, N], device=store)
         if self.states is not None:
             out.update(self.states)
+        self.assembled = out
         return out
 
     def _put_state(self, index: Any, state: TensorDictBase) -> None:
@@ -308,11 +315,19 @@ class HostRows(_Rows):
         """Row 0's observations (of a batch acted ahead): the observation after the previous batch's last row."""
         return self.obs.tensor[0]
 
+    def recycle(self) -> None:
+        """Makes these rows (of a batch delivered and let go of) ready to be written again, every row anew."""
+        self.filled = 0
+        self.host["mask"].fill(True)
+        self.finals = []
+
     def assemble(self, outputs: OutputLayout) -> TensorDict:
         """The batch of these rows on the storage device (``out`` when given); its bootstrap entries are unset."""
         T, N, store = self.T, self.N, self.store
         if self.out is not None:
             return self.out  # written in place
+        if self.assembled is not None:
+            return self.assembled
         batch: dict[str, Any] = {self.layout.obs_key: self.obs.tensor, **self.outputs}
         for key, array in self.host.items():
             batch[key] = to_device(torch.from_numpy(array), store)
@@ -354,6 +369,7 @@ class DeviceRows(_Rows):
         self.final_obs: Obs | None = None
         self.final_mask: Tensor | None = None
         self.final_states: TensorDictBase | None = None
+        self.ended = False  # an episode ended in this batch: final_mask holds it
 
     def put_obs(self, index: int, obs: Any) -> Obs:
         _write_row(self.obs_rows, self.obs, index, obs)
@@ -394,13 +410,14 @@ class DeviceRows(_Rows):
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
         _write_row(None, self.final_obs, t, to_device(final, device))
         copy_into(self.final_mask[t], done)
+        self.ended = True
         if carried is not None:
             if self.final_states is None:
                 self.final_states = empty_rows(carried, self.T, device).zero_()
             self.final_states[t] = carried  # the state after the episode's last step
 
     def gather_finals(self, device: torch.device) -> tuple[Tensor, Tensor, Obs, TensorDictBase | None] | None:
-        if self.final_mask is None:
+        if not self.ended:
             return None
         ts, envs = self.final_mask.nonzero(as_tuple=True)  # the one host sync of a batch
         states = None if self.final_states is None else self.final_states[ts, envs]
@@ -408,20 +425,96 @@ class DeviceRows(_Rows):
 
     def dense_finals(self) -> tuple[Tensor, Obs, TensorDictBase | None] | None:
         """``(mask [T, N] of the envs that ended, final observations [T, N], states)``, or None: no host sync."""
-        if self.final_mask is None:
+        if not self.ended:
             return None
         return self.final_mask, self.final_obs, self.final_states
 
     def first_obs(self) -> Obs:
         return self.obs[0]
 
+    def recycle(self) -> None:
+        self.filled = 0
+        self.rows["mask"].fill_(True)
+        if self.ended:
+            self.final_mask.zero_()
+            self.ended = False
+
     def assemble(self, outputs: OutputLayout) -> TensorDict:
         if self.out is not None:
             return self.out
+        if self.assembled is not None:
+            return self.assembled
         batch = {self.layout.obs_key: self.obs, **self.outputs, **self.rows}
         if self.info is not None:
             batch["info"] = self.info
         return self._batch(batch, outputs)
+
+
+class RowRing:
+    """The rows of the last ``size`` batches delivered on the CPU, written again once nothing else refers to them.
+
+    A batch leaves as new views of its rows' tensors. While the trainer keeps
+    the batch, one of its tensors, a view or a NumPy array of one, that view
+    holds the tensor's storage, whose use count then stands above the count
+    taken at delivery: those rows are left alone, and the loop makes new ones.
+    Rows that nothing outside refers to any more are written again, so that a
+    trainer that copies each batch out (a replay buffer) makes the loop
+    allocate nothing per batch, and one that keeps its batches (a list of
+    rollouts) keeps them intact.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size if _USE_COUNT is not None else 0
+        # Per rows kept: (its tensors with their storage's use count at delivery, the batch's nesting).
+        self.slots: deque[tuple[HostRows | DeviceRows, tuple[list[tuple[Tensor, int]], _Nest]]] = deque()
+
+    def take(self) -> HostRows | DeviceRows | None:
+        """Rows of an earlier batch that nothing outside refers to, ready to be written again; or None."""
+        for i, (rows, (tensors, _)) in enumerate(self.slots):
+            if all(_storage_uses(tensor) == uses for tensor, uses in tensors):
+                del self.slots[i]
+                rows.recycle()
+                return rows
+        return None
+
+    def deliver(self, rows: HostRows | DeviceRows, batch: TensorDict) -> TensorDict:
+        """Keeps ``rows`` (whose tensors ``batch`` holds) for a later batch, and returns ``batch`` as new views."""
+        if not self.size:
+            return batch
+        kept = rows.kept
+        if kept is None:  # the first batch of these rows: counted before any view of the batch exists
+            tensors = [(tensor, _storage_uses(tensor)) for tensor in batch.values(True, True)]
+            kept = rows.kept = (tensors, _nest(batch))
+        self.slots.append((rows, kept))
+        if len(self.slots) > self.size:
+            self.slots.popleft()  # the trainer keeps that batch: it is its own now
+        return _views(kept[1])
+
+
+# A batch's nesting, to make views of it quickly: its entries (tensors, or nestings), batch size and device.
+_Nest = tuple[dict[str, Any], torch.Size, Any]
+
+
+def _nest(batch: TensorDictBase) -> _Nest:
+    entries = {key: _nest(value) if isinstance(value, TensorDictBase) else value for key, value in batch.items()}
+    return entries, batch.batch_size, batch.device
+
+
+def _views(nest: _Nest) -> TensorDict:
+    """The batch of ``nest`` with each tensor a new view of its storage (so that a reference to any counts)."""
+    entries, batch_size, device = nest
+    views = {key: _views(value) if isinstance(value, tuple) else value.detach() for key, value in entries.items()}
+    return _new_tensordict(views, batch_size=batch_size, device=device)
+
+
+def _storage_uses(tensor: Tensor) -> int:
+    return _USE_COUNT(tensor.untyped_storage()._cdata)
+
+
+# torch's private count of a storage's references: without it, every batch gets new storage.
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+# A TensorDict made without checking its entries: they are those of a batch checked when it was made.
+_new_tensordict = getattr(TensorDict, "_new_unsafe", TensorDict)
 
 
 def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, record: StepRecord) -> None:

@@ -104,6 +104,8 @@ class LoopSpec:
         compile_options: ``torch.compile`` keyword arguments for acting, a ``CudaGraph``, or None: eager.
         next_obs_key: the batch key of each row's true next observation (``"next_" + obs_key``),
             or None: the batch has none.
+        batch_slots: batches on the CPU whose storage the loop writes again once nothing outside it
+            refers to them (see ``_rows.RowRing``); 0: new storage for every batch.
     """
 
     num_steps: int
@@ -113,6 +115,7 @@ class LoopSpec:
     initial_state: TensorDictBase | None
     compile_options: dict[str, Any] | CudaGraph | None
     next_obs_key: str | None
+    batch_slots: int = 0
 
 
 @dataclass(frozen=True)

@@ -161,8 +161,7 @@ def _check_inputs(
 
 
 def add_advantages(batch: TensorDict, gae: GAE | None) -> TensorDict:
-    """Adds ``done`` and, with ``gae`` and when the batch has values, GAE ``advantage`` and ``return`` (in place)."""
-    batch["done"] = batch["terminated"] | batch["truncated"]
+    """Adds GAE ``advantage`` and ``return`` with ``gae`` and when the batch has values (in place)."""
     if gae is None or "next_value" not in batch.keys():
         return batch
     value = batch["value" if "value" in batch.keys() else "state_value"]
