@@ -392,6 +392,27 @@ class SlowPolicy(LinearPolicy):
         return super().forward(obs)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_a_trainer_on_a_stream_of_its_own_reads_finished_batches(prefetch):
+    """The collector's thread on its own stream, the trainer under ``torch.cuda.stream(s)`` with heavy kernels
+    of its own: each batch, handed to ``s`` with an event, equals the CPU's."""
+    expected = collect(make_cartpole(N), LinearPolicy(), backend="thread", prefetch=0)
+    envs = CartPole(N, device="cuda", max_episode_steps=MAX_STEPS)
+    trainer = torch.cuda.Stream()
+    got = []
+    with torch.cuda.stream(trainer):
+        options = dict(num_steps=T, device="cuda", seed=5, backend="thread", prefetch=prefetch, timeout=TIMEOUT)
+        with Collector(envs, SlowPolicy().cuda(), total_timesteps=4 * T * N, **options) as collector:
+            for batch in collector:
+                busy = torch.ones(2048, 2048, device="cuda")
+                for _ in range(10):  # the trainer's own work, queued on its stream
+                    busy = (busy @ busy).clamp_(max=1.0)
+                got.append(batch.clone())  # on the trainer's stream, before the collector reuses any memory
+        got = [batch.cpu() for batch in got]
+    assert_same_batches(got, expected, computed_close=True)
+
+
 @pytest.mark.parametrize("policy_device", ["cpu", CUDA])
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_a_cpu_env_steps_on_the_actions_of_a_policy_elsewhere(policy_device, prefetch):

@@ -13,6 +13,7 @@ one module and one :class:`Backend` here.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,7 +122,11 @@ class Backend:
 
 @dataclass(frozen=True)
 class Thread(Backend):
-    """The collection loop on a daemon thread of the trainer's process: right for a CUDA policy and live envs.
+    """The collection loop in the trainer's process: right for a CUDA policy and live envs.
+
+    With ``prefetch=0`` (lockstep) and no ``timeout``, ``next()`` collects the
+    batch in the calling thread; otherwise a daemon thread collects, ahead of
+    the trainer by ``prefetch`` batches (or watching the time a batch takes).
 
     Examples:
         >>> Thread()
@@ -140,8 +145,10 @@ class Thread(Backend):
         return f"prefetch={prefetch}", "prefetch=0"
 
     def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
-        from torch_rollout._thread import ThreadPlacement
+        from torch_rollout._thread import InlinePlacement, ThreadPlacement
 
+        # In lockstep the batch is collected in the caller's thread, unless a thread must watch for a timeout.
+        placement = InlinePlacement if prefetch == 0 and timeout is None else ThreadPlacement
         owns_envs = not isinstance(envs, VectorEnv)
         built = build_envs(envs, num_envs) if owns_envs else envs
         try:
@@ -151,10 +158,11 @@ class Thread(Backend):
             else:
                 why, fix = self.copy_reason(prefetch)
                 acting_policy = acting_copy(policy, device, why=why, fix=fix)
-            return ThreadPlacement(
+            return placement(
                 built,
                 acting_policy,
-                spec,
+                # The trainer's batch, those waiting in ready and the one being filled: storage written again.
+                dataclasses.replace(spec, batch_slots=prefetch + 2),
                 owns_envs=owns_envs,
                 owned=acting_policy is not policy,
                 device=device,

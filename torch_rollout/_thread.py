@@ -1,13 +1,25 @@
-"""The thread placement: the collection loop on a daemon thread of the trainer's process."""
+"""The thread backend: the collection loop in the trainer's process, on a daemon thread or in the caller's thread.
+
+:class:`ThreadPlacement` runs the loop on a daemon thread of its own, which
+collects ahead of the consumer (``prefetch >= 1``) or watches the time a batch
+takes (``timeout``). :class:`InlinePlacement` runs it in the thread that calls
+``next()`` (``prefetch=0`` without a ``timeout``): no hand-off between threads,
+and the caller's own torch settings (intra-op threads, CUDA device and stream)
+apply to the policy's forward.
+"""
 
 from __future__ import annotations
 
+import _signal  # signal.signal without its enum conversions, which cost more than the call: twice a batch
 import collections
+import contextlib
 import queue
+import signal
 import sys
 import threading
 import time
 import traceback
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,31 +37,22 @@ from torch_rollout._loop import RolloutLoop, Stopped
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
 
-__all__ = ["ThreadPlacement"]
+__all__ = ["InlinePlacement", "ThreadPlacement"]
 
 
-class ThreadPlacement:
-    """Runs a :class:`RolloutLoop` on a daemon thread; right for GPU policies and envs that step outside the GIL.
+class _LocalPlacement:
+    """What both placements of the thread backend share: the loop, the acting call and the weights' lock.
 
     The placement holds no reference to the ``Collector`` so that dropping the
-    collector lets it be garbage collected (and closed). The consumer talks to
-    it through ``request()`` (one token per batch), ``wait()``, ``ready`` and
-    ``stop``. The queues are C-level ``SimpleQueue``: a KeyboardInterrupt
-    landing in the consumer's ``put`` cannot leave a lock held, as it can
-    inside ``threading.Semaphore.release`` (and then ``close()`` would
-    deadlock). Results wait in the deque ``ready`` until the consumer has
-    taken them, which it does without a call (where a KeyboardInterrupt could
-    land and lose one); ``_wakeup`` only wakes it. ``lock`` guards the
+    collector lets it be garbage collected (and closed). ``lock`` guards the
     policy's weights: every forward pass and every weight refresh holds it, so
-    no forward sees two weight versions. ``close()`` hands the closing of owned
-    envs to the thread when the consumer cannot wait for it to stop.
+    no forward sees two weight versions.
     """
 
     lock: threading.Lock
     version: int
     requested: int
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
-    thread: threading.Thread
     extra_starts: int = 0  # its envs are reset from the Collector's seeds only
 
     def __init__(
@@ -66,7 +69,7 @@ class ThreadPlacement:
         self.envs = envs
         self.acting_policy = acting_policy
         self.owns_envs = owns_envs
-        # The CUDA device the thread makes current at its start (a new thread starts on cuda:0): the policy's, else
+        # The CUDA device the loop makes current (a new thread starts on cuda:0): the policy's, else
         # the env's ("cuda": the consumer's current device).
         self.cuda_device = _cuda_device(device, getattr(envs, "device", None))
         # The acting copy's tensors (owned: the collector's copy, not the trainer's module; see call_policy).
@@ -78,22 +81,12 @@ class ThreadPlacement:
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
         self.loop: RolloutLoop = make_loop(envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set)
         self.autoreset_mode = self.loop.autoreset_mode
-        # With compile_options, torch.compile'd calls (compiled by the collector thread at its first call).
+        # With compile_options, torch.compile'd calls (compiled at the loop's first call).
         self.act = acting_call(
             acting_policy, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
         )
         self.num_envs = envs.num_envs
-        self._credits: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = collections.deque()
-        self._wakeup: queue.SimpleQueue = queue.SimpleQueue()  # one token per result
-        self.thread = threading.Thread(target=self._run, name="torch_rollout-collector", daemon=True)
-        # Whoever of the thread (on exit) and the consumer (in abandon) comes last closes owned envs.
-        self._exit_lock = threading.Lock()
-        self._exited = False
-        self._abandoned = False
-
-    def start(self) -> None:
-        self.thread.start()
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -118,13 +111,59 @@ class ThreadPlacement:
     # -- batches -------------------------------------------------------------------------------
 
     def reseed(self, seed: int | None) -> None:
-        # Before the first request: the thread has not touched the envs yet; its first batch resets them.
+        # Before the first request: the loop has not touched the envs yet; its first batch resets them.
         self.loop.reseed(seed)
 
+
+class ThreadPlacement(_LocalPlacement):
+    """Runs a :class:`RolloutLoop` on a daemon thread; right for GPU policies and envs that step outside the GIL.
+
+    The consumer talks to it through ``request()`` (one token per batch),
+    ``wait()``, ``ready`` and ``stop``. The queues are C-level
+    ``SimpleQueue``: a KeyboardInterrupt landing in the consumer's ``put``
+    cannot leave a lock held, as it can inside ``threading.Semaphore.release``
+    (and then ``close()`` would deadlock). Results wait in the deque ``ready``
+    until the consumer has taken them, which it does without a call (where a
+    KeyboardInterrupt could land and lose one); ``_wakeup`` only wakes it.
+    ``close()`` hands the closing of owned envs to the thread when the
+    consumer cannot wait for it to stop.
+    """
+
+    thread: threading.Thread
+
+    def __init__(self, envs: VectorEnv, acting_policy: nn.Module, spec: LoopSpec, **options: Any):
+        super().__init__(envs, acting_policy, spec, **options)
+        # On CUDA the loop runs on a stream of its own: its kernels neither wait behind the trainer's nor run
+        # into them; each batch is handed over with an event (see _hand_over).
+        self.stream = None if self.cuda_device is None else torch.cuda.Stream(self.cuda_device)
+        self._credits: queue.SimpleQueue = queue.SimpleQueue()  # per request: the consumer's CUDA stream, or None
+        self._wakeup: queue.SimpleQueue = queue.SimpleQueue()  # one token per result
+        self.thread = threading.Thread(target=self._run, name="torch_rollout-collector", daemon=True)
+        # Whoever of the thread (on exit) and the consumer (in abandon) comes last closes owned envs.
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._abandoned = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
+        if self.stream is None or not dst:
+            return super().refresh(dst, src)
+        # The copy runs on the trainer's stream: after the forwards queued on the loop's stream, which read the
+        # weights of their version, and before the next one.
+        current = torch.cuda.current_stream(self.cuda_device)
+        current.wait_stream(self.stream)
+        try:
+            super().refresh(dst, src)
+        finally:
+            self.stream.wait_stream(current)
+
     def request(self) -> None:
+        consumer = None if self.stream is None else torch.cuda.current_stream(self.cuda_device)
         # No call between the count and the request: a KeyboardInterrupt cannot separate them.
         self.requested += 1
-        self._credits.put(None)
+        self._credits.put(consumer)
 
     def wait(self, deadline: float | None) -> bool:
         """Waits until ``ready`` holds a result; False when ``deadline`` (monotonic) passes first."""
@@ -152,12 +191,16 @@ class ThreadPlacement:
             torch.cuda.set_device(self.cuda_device)  # as torch's pin-memory thread does
         try:
             # Sample as the policy's own default says, whatever interaction type the trainer's thread sets.
-            with torch.no_grad(), own_interaction_type():
+            stream = contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+            with torch.no_grad(), own_interaction_type(), stream:
                 while True:  # the first batch resets the envs (with a resumed collector's seeds, if reseeded)
-                    self._credits.get()
+                    consumer = self._credits.get()
                     if self.stop.is_set():
                         return
-                    self._deliver(self.loop.collect(), None)
+                    batch = self.loop.collect()
+                    if consumer is not None:
+                        _hand_over(batch, self.stream, consumer)
+                    self._deliver(batch, None)
         except Stopped:
             pass
         except BaseException as exc:  # every failure reaches the consumer, KeyboardInterrupt included
@@ -203,6 +246,145 @@ class ThreadPlacement:
         frame = sys._current_frames().get(self.thread.ident)
         frames = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else ""
         return f"{self.loop.call}, at:\n{frames}"
+
+
+class InlinePlacement(_LocalPlacement):
+    """Runs a :class:`RolloutLoop` in the thread that waits for its batch: ``prefetch=0`` without a ``timeout``.
+
+    ``wait()`` collects the batch that ``request()`` counted, under ``torch.no_grad()``
+    and the policy's own interaction type, with the policy's CUDA device
+    current; the caller's intra-op threads and CUDA stream apply. Nothing is
+    handed between threads. Ctrl-C in the main thread during a batch: the
+    first is held until the batch is in ``ready`` and then raised, so that
+    ``next()`` raises KeyboardInterrupt and the next call returns that batch,
+    whole; a second during the same batch interrupts at once (an env that
+    hangs) and leaves the collector unable to go on, its envs mid-batch.
+    """
+
+    def __init__(self, envs: VectorEnv, acting_policy: nn.Module, spec: LoopSpec, **options: Any):
+        super().__init__(envs, acting_policy, spec, **options)
+        self._on_device = (
+            contextlib.nullcontext if self.cuda_device is None else partial(torch.cuda.device, self.cuda_device)
+        )
+        # A close() from another thread while this one collects leaves the envs to the collecting thread.
+        self._exit_lock = threading.Lock()
+        self._busy = False
+        self._abandoned = False
+
+    def start(self) -> None:
+        pass  # nothing runs before the first request
+
+    def request(self) -> None:
+        self.requested += 1
+
+    def wait(self, deadline: float | None) -> bool:
+        """Collects the batch requested, unless ``ready`` holds a result already; the deadline is not used."""
+        if not self.ready:
+            self._collect()
+        return True
+
+    def _collect(self) -> None:
+        with self._exit_lock:
+            if self.stop.is_set():  # closed from another thread meanwhile
+                self.ready.append((None, RuntimeError(_CLOSED)))
+                return
+            self._busy = True
+        try:
+            with _HeldInterrupt(), torch.no_grad(), own_interaction_type(), self._on_device():
+                try:
+                    batch = self.loop.collect()
+                except KeyboardInterrupt:
+                    self.ready.append((None, RuntimeError(_TORN)))
+                    raise
+                except Stopped:
+                    self.ready.append((None, RuntimeError(_CLOSED)))
+                except BaseException as exc:  # every failure reaches the consumer, as from the thread
+                    self.ready.append((None, explain_env_error(self.envs, exc)))
+                else:
+                    self.ready.append((batch, None))
+        finally:
+            with self._exit_lock:
+                self._busy = False
+                abandoned = self._abandoned
+            if abandoned:
+                self._release()
+
+    def close(self, join_timeout: float) -> str | None:
+        """Closes the envs it owns, or leaves that to a batch being collected in another thread; returns None."""
+        self.stop.set()
+        with self._exit_lock:
+            self._abandoned = self._busy
+            busy = self._busy
+        if not busy:
+            self._release()
+        return None
+
+    def _release(self) -> None:
+        if self.owns_envs:
+            self.envs.close()
+        self.loop.release()
+
+
+_CLOSED = "Collector: closed from another thread while a batch was collected; create a new Collector"
+_TORN = (
+    "Collector: a second Ctrl-C interrupted a batch in the middle (with prefetch=0 the batch is collected in the "
+    "calling thread, and a first Ctrl-C waits for its end); its envs stand mid-batch, so collection cannot go on; "
+    "create a new Collector (load_state_dict() continues a saved state)"
+)
+
+
+class _HeldInterrupt:
+    """Holds the first SIGINT (Ctrl-C) that lands in the main thread inside the block, and raises it at its end.
+
+    The handler in place before the block then runs as SIGINT would have run it
+    (Python's default raises KeyboardInterrupt); a second SIGINT inside the block
+    raises KeyboardInterrupt at once. Outside the main thread, or when SIGINT is
+    ignored or handled outside Python, nothing changes.
+    """
+
+    def __enter__(self) -> _HeldInterrupt:
+        self.previous = self.held = None
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = _signal.getsignal(signal.SIGINT)
+        if previous is None or previous == signal.SIG_IGN:
+            return self
+        try:
+            _signal.signal(signal.SIGINT, self._hold)
+        except ValueError:  # not the main interpreter
+            return self
+        self.previous = previous
+        return self
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        if self.held is not None:
+            raise KeyboardInterrupt
+        self.held = frame
+
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        previous = self.previous
+        if previous is None:
+            return
+        _signal.signal(signal.SIGINT, previous)
+        if self.held is None or exc_type is not None:
+            return
+        if callable(previous):
+            previous(signal.SIGINT, self.held)
+        else:  # SIG_DFL: what the signal does without a handler
+            signal.raise_signal(signal.SIGINT)
+
+
+def _hand_over(batch: TensorDict, stream: torch.cuda.Stream, consumer: torch.cuda.Stream) -> None:
+    """Orders the work of ``consumer`` (the stream current at the request) after ``batch``'s on ``stream``.
+
+    The consumer's stream waits for an event recorded at the batch's end (on the GPU: no host sync), and
+    the batch's CUDA tensors are recorded as used on it, so that their memory, once freed, is not given to
+    the loop's stream before the consumer's kernels that read it have run.
+    """
+    consumer.wait_event(stream.record_event())
+    for tensor in batch.values(True, True):
+        if tensor.is_cuda:
+            tensor.record_stream(consumer)
 
 
 def _cuda_device(*devices: Any) -> torch.device | None:

@@ -115,8 +115,9 @@ class Collector:
             ``gae_lambda``); ``None``: no ``advantage`` and ``return``.
         total_timesteps: stop after ``ceil(total_timesteps / (T * num_envs))``
             batches; ``None``: endless.
-        prefetch: batches collected ahead of the consumer; 0: lockstep; ``None``: 1,
-            except 0 for the thread with a CPU policy (measured faster there).
+        prefetch: batches collected ahead of the consumer; 0: lockstep (on the thread without
+            ``timeout``: inside ``next()``, in the calling thread); ``None``: 1, except 0 for the
+            thread with a CPU policy (measured faster there).
         seed: seed of the envs' first reset (env ``j``: ``seed + j``, in every placement), an int
             or a :class:`Seed` that keys it by the rank of data-parallel collectors (an int is
             ``Seed(seed)``: keyed by the ``torch.distributed`` rank when a process group is
