@@ -8,6 +8,25 @@ returns into step records, and it writes them into rows of the records' kind
 (:mod:`torch_rollout._rows`). GAE is not computed here: the consumer runs it on
 its device from the ``value`` and ``next_value`` rows (see :func:`torch_rollout.gae.add_advantages`). How
 the policy is called and what it must return is :mod:`torch_rollout._acting`'s.
+
+Each env fills its own rows, in order: row ``t`` of env ``j`` holds its
+observation, the policy's outputs on it (and the ``policy_version`` that
+produced them), and the results of the step those outputs took. Drivers
+that step every env at once fill a row at a time; a send/recv pool's
+``recv()`` returns the envs that are ready, which fill their rows at their
+own pace, and every env that comes back is acted on at once: the forward
+on an env's observation after its row ``T - 1`` is its row 0 of the next
+batch, carried over (envs much faster than others can run batches ahead;
+their rows wait in later batches' storage). The batch is complete when
+every env has its ``T`` rows.
+
+Bootstrap values: ``next_value`` of a row is the value of the observation
+its step returned. That is the next row's ``value``; for the last row, the
+value of the observation the next batch starts with (a row acted ahead, or
+a value call); for an episode that ended with a final observation apart
+from the next one (SAME_STEP, DISABLED), a value call on it, made at the
+batch's end with the weights acting then, in calls of at most ``num_envs``
+rows, with a recurrent policy's state after the episode's last step.
 """
 
 from __future__ import annotations
@@ -26,7 +45,7 @@ from torch_rollout._devices import copy_into
 from torch_rollout._env_seam import EnvDriver, StepRecord
 from torch_rollout._recurrent import RecurrentState
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
-from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, space_nbytes, where_rows
+from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RolloutLoop", "Stopped"]
@@ -52,25 +71,6 @@ class RolloutLoop:
     TorchRL's ``"state_value"``), ``next_value``. ``collect(out)`` writes into
     ``out`` (a batch of an earlier call, e.g. a shared-memory slot) or into new
     tensors when ``out`` is None.
-
-    Each env fills its own rows, in order: row ``t`` of env ``j`` holds its
-    observation, the policy's outputs on it (and the ``policy_version`` that
-    produced them), and the results of the step those outputs took. Drivers
-    that step every env at once fill a row at a time; a send/recv pool's
-    ``recv()`` returns the envs that are ready, which fill their rows at their
-    own pace, and every env that comes back is acted on at once: the forward
-    on an env's observation after its row ``T - 1`` is its row 0 of the next
-    batch, carried over (envs much faster than others can run batches ahead;
-    their rows wait in later batches' storage). The batch is complete when
-    every env has its ``T`` rows.
-
-    Bootstrap values: ``next_value`` of a row is the value of the observation
-    its step returned. That is the next row's ``value``; for the last row, the
-    value of the observation the next batch starts with (a row acted ahead, or
-    a value call); for an episode that ended with a final observation apart
-    from the next one (SAME_STEP, DISABLED), a value call on it, made at the
-    batch's end with the weights acting then, in calls of at most ``num_envs``
-    rows, with a recurrent policy's state after the episode's last step.
 
     Args:
         driver: the envs' driver; the loop resets the envs with ``seed`` and then owns their stepping.
@@ -154,16 +154,8 @@ class RolloutLoop:
         return "the policy's forward()" if self.acting.in_policy else self.driver.call
 
     def min_row_bytes(self) -> int:
-        """Bytes that one row of a batch (one env, one step) takes at least, before the policy has run.
-
-        The observation (float64 stored as float32) and with ``next_obs_key`` the next one, the action
-        (floats as float32, as policies return them), the loop's own keys and a recurrent state; the
-        policy's other outputs (``value``, ``log_prob``, ...), ``next_value`` and infos come on top.
-        """
-        state = 0 if self.recurrent is None else self.recurrent.row_bytes()
-        own = sum(np.dtype(dtype).itemsize for dtype in self.layout.loop_keys.values())
-        obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
-        return obs + space_nbytes(self.envs.single_action_space) + own + state
+        """Bytes that one row of a batch takes at least, before the policy has run (see RowLayout.min_row_bytes)."""
+        return self.layout.min_row_bytes(self.envs.single_action_space, self.recurrent)
 
     def reseed(self, seed: int | None) -> None:
         """Resets the envs with ``seed`` before the next batch (a resumed collector's part of the seed stream)."""
@@ -391,23 +383,14 @@ class RolloutLoop:
                 finals = head.gather_finals(self.device)
         if self.next_obs_key is not None:
             next_obs = batch[self.next_obs_key]
-            next_obs[:-1] = batch[self.obs_key][1:]
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
-            next_obs[-1] = last.to(next_obs.device)
-            if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
-                ts, envs, obs, _ = finals
-                next_obs[ts.to(next_obs.device), envs.to(next_obs.device)] = obs.to(next_obs.device)
-            elif dense is not None:
-                mask, obs, _ = dense
-                next_obs.copy_(where_rows(mask.to(next_obs.device), obs.to(next_obs.device), next_obs))
+            _fill_next(next_obs, batch[self.obs_key], last, finals, dense)
         if self.outputs.has_value:
-            value, next_value = batch[self.outputs.value_key], batch["next_value"]
-            next_value[:-1] = value[1:]
-            if ahead is not None:
-                next_value[-1] = ahead.outputs[self.outputs.value_key][0].to(next_value.device)
-            else:
-                next_value[-1] = self._last_value().to(next_value.device)
-            if finals is not None:
+            key = self.outputs.value_key
+            last = ahead.outputs[key][0] if ahead is not None else self._last_value()
+            next_value = batch["next_value"]
+            _fill_next(next_value, batch[key], last, None, None)
+            if finals is not None:  # the value of each final observation, not of the reset one after it
                 self.acting.write_final_values(next_value, finals, self.num_envs)
             elif dense is not None:
                 self.acting.write_dense_final_values(next_value, dense)
@@ -447,13 +430,32 @@ class RolloutLoop:
             self._raise_non_finite("action", int(ids[env]), value, "the policy", None)
 
     def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
-        env += self.env_offset
-        batch = self.batches - 1
-        step = "" if t is None else f" at step {batch * self.num_steps + t} (row {t} of batch {batch})"
-        raise ValueError(
-            f"Collector(check_finite=True): {name} of env {env} is {value}{step}, returned by {call}; "
-            "pass check_finite=False to let NaN and inf through"
-        )
+        where = None if t is None else ((self.batches - 1) * self.num_steps + t, t, self.batches - 1)
+        raise _non_finite_error(name, env + self.env_offset, value, call, where)
+
+
+def _fill_next(
+    rows: Obs, of: Obs, last: Obs, finals: tuple[Tensor, Tensor, Obs, Any] | None, dense: tuple[Tensor, Obs, Any] | None
+) -> None:
+    """Writes each row's next entry: the next row's ``of``, ``last`` after the last row; a final one where given."""
+    device = rows.device
+    rows[:-1] = of[1:]
+    rows[-1] = last.to(device)
+    if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
+        ts, envs, obs, _ = finals
+        rows[ts.to(device), envs.to(device)] = obs.to(device)
+    elif dense is not None:
+        mask, obs, _ = dense
+        rows.copy_(where_rows(mask.to(device), obs.to(device), rows))
+
+
+def _non_finite_error(name: str, env: int, value: Any, call: str, where: tuple[int, int, int] | None) -> ValueError:
+    """The error for a NaN or inf; ``where``: (step, row, batch) of the step in flight, or None."""
+    step = "" if where is None else f" at step {where[0]} (row {where[1]} of batch {where[2]})"
+    return ValueError(
+        f"Collector(check_finite=True): {name} of env {env} is {value}{step}, returned by {call}; "
+        "pass check_finite=False to let NaN and inf through"
+    )
 
 
 def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:

@@ -26,7 +26,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout._devices import copy_into, to_device
-from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor
+from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor, space_nbytes
 
 if TYPE_CHECKING:
     from torch_rollout._acting import OutputLayout
@@ -87,6 +87,18 @@ class RowLayout:
     next_obs_key: str | None
     loop_keys: Mapping[str, type]  # the rows the loop fills itself, with their NumPy dtypes
     state_keys: tuple[Any, ...] | None  # a recurrent policy's state entries, or None
+
+    def min_row_bytes(self, action_space: spaces.Space, recurrent: Any) -> int:
+        """Bytes that one row of a batch (one env, one step) takes at least, before the policy has run.
+
+        The observation (float64 stored as float32) and with ``next_obs_key`` the next one, the action
+        (floats as float32, as policies return them), the loop's own keys and a recurrent state; the
+        policy's other outputs (``value``, ``log_prob``, ...), ``next_value`` and infos come on top.
+        """
+        state = 0 if recurrent is None else recurrent.row_bytes()
+        own = sum(np.dtype(dtype).itemsize for dtype in self.loop_keys.values()) + 1  # and done
+        obs = space_nbytes(self.obs_space) * (1 if self.next_obs_key is None else 2)
+        return obs + space_nbytes(action_space) + own + state
 
 
 class _Rows:

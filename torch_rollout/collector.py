@@ -216,13 +216,7 @@ class Collector:
             prefetch = chosen.default_prefetch(self.device)
         num_envs = _resolve_num_envs(envs, num_envs)
         num_workers = chosen.num_workers
-        if num_workers > num_envs:
-            raise ValueError(
-                f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env"
-            )
-        check_shares = getattr(envs, "check_shares", None)  # a recipe that refuses some splits, before they start
-        if callable(check_shares):
-            check_shares(split_envs(num_envs, num_workers))
+        _check_shares(envs, num_envs, num_workers)
         spec = LoopSpec(
             num_steps=num_steps,
             obs_key=keys.obs_key,
@@ -607,6 +601,17 @@ def _resolve_device(device: Any) -> torch.device:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return indexed(_check_device(device))
+
+
+def _check_shares(envs: Any, num_envs: int, num_workers: int) -> None:
+    """Refuses more workers than envs, and a split of the envs that a recipe refuses, before any worker starts."""
+    if num_workers > num_envs:
+        raise ValueError(
+            f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env"
+        )
+    check_shares = getattr(envs, "check_shares", None)  # a recipe that refuses some splits
+    if callable(check_shares):
+        check_shares(split_envs(num_envs, num_workers))
 
 
 def _resolve_num_envs(envs: Any, num_envs: Any) -> int:
