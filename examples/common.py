@@ -486,29 +486,30 @@ class RecentReturns:
 
 class EndedReturns:
     """The returns of the episodes that end in each batch, kept on the batch's device and added to a RecentReturns
-    only at `flush`: one wait for the device per log row, not one per batch (SAC's T=1 batches come by thousands)."""
+    only at `flush`: one wait for the device per log row, not one per batch (SAC's T=1 batches come by thousands).
 
-    def __init__(self, recent: RecentReturns) -> None:
-        self.recent = recent
+    `reached`: the env step after the first batch at which the mean of a full window was >= `target`, else None.
+    """
+
+    def __init__(self, recent: RecentReturns, target: float | None = None) -> None:
+        self.recent, self.target, self.reached = recent, target, None
         self.pending: list[tuple[int, torch.Tensor]] = []  # (env step after the batch, returns [T, N], NaN elsewhere)
 
     def add(self, step: int, batch: TensorDict) -> None:
-        """Keeps the returns of a batch's ended episodes (`done` on a real row); a new tensor, not the batch's."""
+        """Keeps the returns of a batch's ended episodes (`done` on a real row): a new tensor, not the batch's."""
         self.pending.append((step, batch["episode_return"].where(batch["done"] & batch["mask"], torch.nan)))
 
-    def flush(self, target: float | None = None) -> int | None:
-        """Adds the pending returns to the RecentReturns batch by batch; returns the env step after the first batch
-        at which the mean of a full window was >= `target`, or None."""
-        reached = None
-        if self.pending:
-            steps, returns = zip(*self.pending)
-            for step, row in zip(steps, torch.stack(returns).cpu()):
-                self.recent.add(row[~row.isnan()])
-                full = len(self.recent.returns) == self.recent.returns.maxlen
-                if reached is None and target is not None and full and self.recent.mean >= target:
-                    reached = step
+    def flush(self) -> None:
+        """Adds the pending returns to the RecentReturns, batch by batch, in the order they came (one host sync)."""
+        if not self.pending:
+            return
+        steps, returns = zip(*self.pending)
+        for step, row in zip(steps, torch.stack(returns).cpu()):
+            self.recent.add(row[~row.isnan()])
+            full = len(self.recent.returns) == self.recent.returns.maxlen
+            if self.reached is None and self.target is not None and full and self.recent.mean >= self.target:
+                self.reached = step
         self.pending.clear()
-        return reached
 
 
 # ---------------------------------------------------------------------------- run folder, logging, checkpoints

@@ -1,11 +1,9 @@
 """SAC on top of torch_rollout, read top to bottom: config, agent, replay buffer, then the collector and the updates.
 
-The collector steps the
-envs and acts with the actor in a background thread (or a worker process) while this
-script runs gradient steps; each small batch of T steps per env goes into a replay buffer
-with its true next observations (`BatchKeys(next_obs=True)`: the final observation at an
-episode end, never the reset one). Each run writes progress.csv and config.yaml into its
-run folder; config files, `--help` and the log are common.py's, beside it.
+The collector steps the envs and acts with the actor in a background thread (or a worker process) while this script
+runs gradient steps; each small batch of T steps per env goes into a replay buffer on the device with its true next
+observations (`BatchKeys(next_obs=True)`: the final observation at an episode end, never the reset one). Each run
+writes progress.csv and config.yaml into its run folder; config files, `--help` and the log are common.py's.
 
 Usage::
 
@@ -158,10 +156,8 @@ class Critic(nn.Module):
 class ReplayBuffer:
     """A ring buffer of transitions preallocated on the device; the oldest are overwritten once it is full.
 
-    Every row of a batch is copied in, `mask` with it: a masked row (NEXT_STEP's reset rows) is no transition,
-    and the critics' loss weighs it 0. Selecting the real rows instead (`batch[batch["mask"]]`) would wait for
-    the device at every batch to learn how many there are.
-    """
+    Every row goes in with its `mask`: the critics' loss weighs masked rows (NEXT_STEP's reset rows) 0, where
+    selecting the real rows (`batch[batch["mask"]]`) would wait for the device to count them at every batch."""
 
     KEYS = ("obs", "action", "reward", "next_obs", "terminated", "mask")
 
@@ -269,10 +265,11 @@ def train(cfg: Config) -> float:
     device = torch.device(cfg.device)
     run_dir = common.make_run_dir(cfg)
 
-    # a torch vector env (torch_rollout/...) steps on the agent's device; the collector builds gymnasium's itself
-    torch_envs = cfg.env_id.startswith("torch_rollout/")
-    envs = gym_envs(cfg.env_id, device=device) if torch_envs else cfg.env_id
-    spaces = gym.make_vec(cfg.env_id, num_envs=1, **({"device": device} if torch_envs else {}))
+    # a torch vector env (torch_rollout/...) steps on the agent's device and, as GPU simulators do, resets an ended
+    # env within the step (every row a transition); gymnasium's steps on the CPU
+    torch_envs = {"device": device, "autoreset_mode": "SameStep"} if cfg.env_id.startswith("torch_rollout/") else {}
+    envs = gym_envs(cfg.env_id, **torch_envs)
+    spaces = envs(1)
     obs_space, action_space = spaces.single_observation_space, spaces.single_action_space
     spaces.close()
     if not isinstance(action_space, gym.spaces.Box) or len(obs_space.shape) != 1:
@@ -281,13 +278,12 @@ def train(cfg: Config) -> float:
     sample_gen = torch.Generator(device).manual_seed(cfg.seed)
 
     batch_steps = cfg.num_envs * cfg.num_steps
-    recent, reached = common.RecentReturns(cfg.return_window), None
-    ended = common.EndedReturns(recent)
+    recent = common.RecentReturns(cfg.return_window)
+    ended = common.EndedReturns(recent, cfg.target_return)
     global_step, next_log, owed_updates = 0, cfg.log_every, 0.0
-    wait_s = update_s = 0.0
-    buffer = None
+    wait_s, update_s, buffer = 0.0, 0.0, None
     collector = Collector(
-        envs,  # built by the collector (a SyncVectorEnv: in the worker process with backend=process)
+        envs,  # a recipe: the collector builds the envs (in the worker process with backend=process)
         sac.actor,
         num_envs=cfg.num_envs,
         num_steps=cfg.num_steps,
@@ -305,8 +301,7 @@ def train(cfg: Config) -> float:
             wait_s += time.perf_counter() - waited_from
             global_step += batch_steps
             rows = batch.reshape(-1)  # [T * N]; copied into the buffer, so it may be reused after this step
-            if buffer is None:
-                buffer = ReplayBuffer(cfg.buffer_size, rows)
+            buffer = buffer or ReplayBuffer(cfg.buffer_size, rows)  # shaped like the first batch's rows
             buffer.extend(rows)
             ended.add(global_step, batch)  # counted at the next log: no wait for the device per batch
 
@@ -320,8 +315,7 @@ def train(cfg: Config) -> float:
 
             if global_step >= next_log or global_step >= cfg.total_timesteps:
                 next_log += cfg.log_every
-                first = ended.flush(cfg.target_return)
-                reached = first if reached is None else reached
+                ended.flush()
                 row = {
                     "step": global_step,
                     "wall_time": time.perf_counter() - start,
@@ -340,7 +334,7 @@ def train(cfg: Config) -> float:
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
     print(f"final mean return (last {len(recent.returns)} episodes): {recent.mean:.1f}")
     if cfg.target_return is not None:
-        print(f"mean return >= {cfg.target_return} first at step: {reached if reached is not None else 'never'}")
+        print(f"mean return >= {cfg.target_return} first at step: {ended.reached or 'never'}")
     return recent.mean
 
 
