@@ -47,7 +47,7 @@ from torch import nn
 
 from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, run_interleaved, write_json
 
-__all__ = ["SHAPES", "factories", "run_shape"]
+__all__ = ["SHAPES", "factories", "run_shape", "shape_name", "to_markdown"]
 
 # (env kind, N, T): "gym" is gymnasium's CartPole-v1 SyncVectorEnv, "torch" torch_rollout.envs.CartPole
 SHAPES = (
@@ -279,7 +279,9 @@ class PolicyAlone:
         pass
 
 
-def factories(kind: str, num_envs: int, num_steps: int, device: str = "cpu") -> dict[str, Callable[[], Any]]:
+def factories(
+    kind: str, num_envs: int, num_steps: int, device: str = "cpu", *, torchrl: bool = True
+) -> dict[str, Callable[[], Any]]:
     """The systems of one shape, by name, for ``run_interleaved`` (TorchRL's on the CPU, if it is installed)."""
     shape = _Shape(kind, num_envs, num_steps, torch.device(device))
     systems: dict[str, Callable[[], Any]] = {
@@ -287,7 +289,7 @@ def factories(kind: str, num_envs: int, num_steps: int, device: str = "cpu") -> 
         "collector, prefetch=0": functools.partial(Collecting, shape, 0),
         "collector, prefetch=1": functools.partial(Collecting, shape, 1),
     }
-    if importlib.util.find_spec("torchrl") is not None and shape.device.type == "cpu":
+    if torchrl and importlib.util.find_spec("torchrl") is not None and shape.device.type == "cpu":
         systems["TorchRL Collector + ReplayBuffer"] = functools.partial(TorchRL, shape)
     systems["env alone"] = functools.partial(EnvAlone, shape)
     systems["policy alone"] = functools.partial(PolicyAlone, shape)
@@ -295,11 +297,19 @@ def factories(kind: str, num_envs: int, num_steps: int, device: str = "cpu") -> 
 
 
 def run_shape(
-    kind: str, num_envs: int, num_steps: int, *, device: str, repeats: int, units: int, log: Callable[[str], None]
+    kind: str,
+    num_envs: int,
+    num_steps: int,
+    *,
+    device: str,
+    repeats: int,
+    units: int,
+    log: Callable[[str], None],
+    torchrl: bool = True,
 ) -> dict[str, Any]:
     """Medians (frames/s) of every system on one shape, the serial floor and the ratios to the hand loop."""
     rates = run_interleaved(
-        factories(kind, num_envs, num_steps, device), repeats=repeats, warmup=1, steps=units, log=log
+        factories(kind, num_envs, num_steps, device, torchrl=torchrl), repeats=repeats, warmup=1, steps=units, log=log
     )
     medians = {name: statistics.median(values) for name, values in rates.items()}
     medians["serial floor"] = 1.0 / (1.0 / medians["env alone"] + 1.0 / medians["policy alone"])
