@@ -300,7 +300,7 @@ def train(cfg: Config) -> float:
         for batch in collector:  # [T, N], collected while the previous batch trained
             wait_s += time.perf_counter() - waited_from
             global_step += batch_steps
-            rows = batch.reshape(-1)  # [T * N]; copied into the buffer, so it may be reused after this step
+            rows = batch.reshape(-1)  # [T * N]: the buffer copies them in and keeps no reference to the batch
             buffer = buffer or ReplayBuffer(cfg.buffer_size, rows)  # shaped like the first batch's rows
             buffer.extend(rows)
             ended.add(global_step, batch)  # counted at the next log: no wait for the device per batch
