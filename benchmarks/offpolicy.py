@@ -60,7 +60,7 @@ SHAPES = (
     ("torch", 4096, 1),
     ("torch", 4096, 4),
 )
-FRAMES_PER_UNIT = 2048  # a timed unit is whole batches of at least this many frames
+FRAMES_PER_UNIT = 1024  # a timed unit is whole batches of at least this many frames
 RING_FRAMES = 1 << 20  # transitions the ring holds (rounded down to whole batches)
 OBS_DIM, N_ACTIONS = 4, 2
 
@@ -354,12 +354,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one repeat, one torch thread only: a check, not a result")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per shape (default 3; 1 quick)")
-    parser.add_argument("--units", type=int, default=None, help=f"timed units of >= {FRAMES_PER_UNIT} frames (5)")
+    parser.add_argument(
+        "--units", type=int, default=None, help=f"timed units of >= {FRAMES_PER_UNIT} frames (default 4; 2 quick)"
+    )
     parser.add_argument("--device", default="cpu", help="where the torch envs, policy and ring live (cuda: torch only)")
     args = parser.parse_args()
     quiet_warnings()
     repeats = args.repeats or (1 if args.quick else 3)
-    units = args.units or (2 if args.quick else 5)
+    units = args.units or (2 if args.quick else 4)
     shapes = [s for s in SHAPES if args.device == "cpu" or s[0] == "torch"]
     default_threads = torch.get_num_threads()
     thread_settings = [1] if args.quick or default_threads == 1 else [1, default_threads]
