@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import logging
 import os
 import statistics
 import sys
@@ -360,6 +361,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the torch envs, policy and ring live (cuda: torch only)")
     args = parser.parse_args()
     quiet_warnings()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its INFO lines would land among the tables
     repeats = args.repeats or (1 if args.quick else 3)
     units = args.units or (2 if args.quick else 4)
     shapes = [s for s in SHAPES if args.device == "cpu" or s[0] == "torch"]
@@ -380,16 +382,16 @@ def main() -> None:
             f"\n**{threads} torch thread(s)**, on {args.device}: frames/s, median of {repeats} interleaved repeats of "
             f"{units} units of >= {FRAMES_PER_UNIT} frames; (ratio to the hand loop)\n"
         )
-        print(to_markdown(results))
-    load_end = os.getloadavg()[0]
-    payload["load_average_1m"] = [load_start, load_end]
+        print(to_markdown(results), flush=True)
+        payload["load_average_1m"] = [load_start, os.getloadavg()[0]]
+        path = write_json("offpolicy_quick" if args.quick else "offpolicy", payload)  # kept after each setting
+    load_end = payload["load_average_1m"][1]
     machine = payload["machine"]
     print(
         f"\n{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, "
         f"torchrl {machine['versions']['torchrl']}, gymnasium {machine['versions']['gymnasium']}; "
         f"1-min load {load_start:.2f} at the start, {load_end:.2f} at the end"
     )
-    path = write_json("offpolicy_quick" if args.quick else "offpolicy", payload)
     log(f"results: {path}")
 
 

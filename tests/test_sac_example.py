@@ -1,6 +1,6 @@
 """Tests of examples/sac.py: config loading, the replay buffer, the episode count and short training runs.
 
-Reaching -200 takes about 3 minutes on a 2-core machine with configs/sac_pendulum.yaml and about 1.5 minutes with
+Reaching -200 takes about 3 minutes on a 2-core machine with configs/sac_pendulum.yaml and 2 minutes or more with
 configs/sac_pendulum_torch.yaml, more than the suite can afford: both are measured by the commands in
 docs/off-policy.md; here the torch config runs 2 episodes of 256 envs and must improve.
 """
