@@ -1,6 +1,6 @@
-"""GPU benchmarks (run by benchmarks/gpu.sh): collection with a GPU policy, compute_gae, host-to-device uploads.
+"""GPU benchmarks (run by benchmarks/gpu.sh): collection with a GPU policy, compute_gae, uploads, T=1 tiers.
 
-Three tables:
+Four tables:
 
 - collection, CartPole-v1 ``SyncVectorEnv`` T=128 x N=64, with the benchmarks'
   actor-critic at 64x64 and at 512x512 on ``cuda``: the thread backend (prefetch
@@ -10,7 +10,11 @@ Three tables:
   bandwidth: a device-to-device copy of the bytes GAE must read and write;
 - uploading one observation batch to the GPU, [64, 4] float32 (CartPole) and
   [64, 84*84*4] uint8 (four stacked Atari frames): from pageable memory, from
-  pinned memory, and copying into a pinned staging buffer first.
+  pinned memory, and copying into a pinned staging buffer first;
+- off-policy T=1 tiers (``offpolicy.py``'s systems): torch CartPole on ``cuda`` with N=1024 and
+  N=4096 envs, one step of each per batch written into a replay ring on the device, the hand
+  loop (FastTD3-style) against the collector with prefetch 0 and 1, the env alone and the policy
+  alone.
 
 ``--cpu-dry-run`` runs the same code on the CPU with small sizes and no
 pinning, to check the logic on a machine without CUDA; its numbers mean
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import offpolicy
 import torch
 from gae import BYTES_PER_ELEMENT, GAE_LAMBDA, GAMMA, make_transitions
 
@@ -53,6 +58,7 @@ __all__ = ["run", "to_markdown"]
 
 NUM_ENVS, NUM_STEPS = 64, 128
 HIDDEN = (64, 512)
+T1_SIZES = (1024, 4096)  # the off-policy tiers: N torch envs at T=1
 
 
 def _policy(hidden: int, seed: int = 0) -> ActorCritic:
@@ -115,6 +121,21 @@ def bench_collect(device: str, *, repeats: int, timed: int, log: Callable[[str],
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
     rows = [{"system": name, "median": statistics.median(v), "min": min(v), "max": max(v)} for name, v in rates.items()]
     return {"samples": rates, "rows": rows}
+
+
+def bench_offpolicy(
+    device: str, *, sizes: tuple[int, ...], repeats: int, units: int, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The T=1 tiers: offpolicy.py's systems (no TorchRL) on torch CartPole with N envs on ``device``."""
+    results = []
+    for num_envs in sizes:
+        name = offpolicy.shape_name("torch", num_envs, 1)
+        log(f"gpu off-policy tier: {name}, {repeats} repeat(s)")
+        result = offpolicy.run_shape(
+            "torch", num_envs, 1, device=device, repeats=repeats, units=units, log=log, torchrl=False
+        )
+        results.append({"shape": name, **result})
+    return results
 
 
 def _time(fn: Callable[[], Any], sync: Callable[[], None], *, calls: int) -> float:
@@ -201,6 +222,9 @@ def run(
     results["gae"] = bench_gae(device, (256, 16) if dry_run else (2048, 256), calls=5 if dry_run else 50)
     log("gpu uploads")
     results["upload"] = bench_upload(device, calls=5 if dry_run else 200, pin=not dry_run)
+    log("gpu off-policy T=1 tiers")
+    t1_sizes, units = ((64,), 1) if dry_run else (T1_SIZES, 5)
+    results["offpolicy"] = bench_offpolicy(device, sizes=t1_sizes, repeats=repeats, units=units, log=log)
     path = write_json("gpu_quick" if dry_run else "gpu", results)  # *_quick.* is git-ignored
     if out is not None:
         shutil.copy(path, out / "gpu.json")
@@ -243,6 +267,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     header = ["observation batch", "pageable", "pinned", "copy to pinned + upload", "pinned gain", "staged gain"]
     text += "\n**Host-to-device upload of one observation batch** (median per upload)\n\n"
     text += markdown_table(header, rows) + "\n"
+    text += f"\n**Off-policy T=1 tiers on {results['device']}** (frames/s, median; ratio to the hand loop)\n\n"
+    text += offpolicy.to_markdown(results["offpolicy"]) + "\n"
     return text
 
 

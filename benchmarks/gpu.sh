@@ -8,9 +8,9 @@
 #   2. the three checks a reading most wants confirmed: a CPU env with a slow CUDA policy (stale actions
 #      detected by re-stepping a twin env), a CUDA env with a CPU policy in SAME_STEP (next_value against an
 #      eager recomputation), a failed CUDA graph recording followed by torch.rand(1, device="cuda");
-#   3. the benchmarks: benchmarks/gpu.py (GPU policy collection, compute_gae, uploads) and
+#   3. the benchmarks: benchmarks/gpu.py (GPU policy collection, compute_gae, uploads, off-policy T=1 tiers) and
 #      benchmarks/torch_envs.py --device cuda --cuda-graph (torch CartPole tiers, eager and CudaGraph()).
-# Every step has its own time limit (on a GPU they add up to 455 s). Results land in $OUT (at most 8 files):
+# Every step has its own time limit (on a GPU they add up to 475 s). Results land in $OUT (at most 8 files):
 # setup.txt, cuda_tests.txt, checks.txt, gpu.md, gpu.json, torch_envs.md, torch_envs_cuda.json, gpu_sh.log.
 # No CUDA is a failure (exit 1). Steps that fail do not stop the later ones; the exit status is the first
 # failure's.
@@ -112,7 +112,7 @@ echo "== GPU benchmarks"
 if [ "$dry_run" = 1 ]; then
     PYTHONWARNINGS=ignore timeout 120 "$py" "$here/gpu.py" --cpu-dry-run --out "$out" > "$out/gpu.md"
 else
-    PYTHONWARNINGS=ignore timeout 90 "$py" "$here/gpu.py" --out "$out" > "$out/gpu.md"
+    PYTHONWARNINGS=ignore timeout 110 "$py" "$here/gpu.py" --out "$out" > "$out/gpu.md"
 fi
 step "benchmarks/gpu.py"
 cat "$out/gpu.md"

@@ -43,6 +43,7 @@ from torch_rollout import Collector, Processes, Ray
 
 __all__ = [
     "ConfigError",
+    "EndedReturns",
     "Logger",
     "RecentReturns",
     "Run",
@@ -481,6 +482,34 @@ class RecentReturns:
         elif self.returns:
             self.mean = float(np.mean(self.returns))
         self.episodes += int(ended)
+
+
+class EndedReturns:
+    """The returns of the episodes that end in each batch, kept on the batch's device and added to a RecentReturns
+    only at `flush`: one wait for the device per log row, not one per batch (SAC's T=1 batches come by thousands).
+
+    `reached`: the env step after the first batch at which the mean of a full window was >= `target`, else None.
+    """
+
+    def __init__(self, recent: RecentReturns, target: float | None = None) -> None:
+        self.recent, self.target, self.reached = recent, target, None
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (env step after the batch, returns [T, N], NaN elsewhere)
+
+    def add(self, step: int, batch: TensorDict) -> None:
+        """Keeps the returns of a batch's ended episodes (`done` on a real row): a new tensor, not the batch's."""
+        self.pending.append((step, batch["episode_return"].where(batch["done"] & batch["mask"], torch.nan)))
+
+    def flush(self) -> None:
+        """Adds the pending returns to the RecentReturns, batch by batch, in the order they came (one host sync)."""
+        if not self.pending:
+            return
+        steps, returns = zip(*self.pending)
+        for step, row in zip(steps, torch.stack(returns).cpu()):
+            self.recent.add(row[~row.isnan()])
+            full = len(self.recent.returns) == self.recent.returns.maxlen
+            if self.reached is None and self.target is not None and full and self.recent.mean >= self.target:
+                self.reached = step
+        self.pending.clear()
 
 
 # ---------------------------------------------------------------------------- run folder, logging, checkpoints

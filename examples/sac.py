@@ -1,11 +1,9 @@
 """SAC on top of torch_rollout, read top to bottom: config, agent, replay buffer, then the collector and the updates.
 
-The collector steps the
-envs and acts with the actor in a background thread (or a worker process) while this
-script runs gradient steps; each small batch of T steps per env goes into a replay buffer
-with its true next observations (`BatchKeys(next_obs=True)`: the final observation at an
-episode end, never the reset one). Each run writes progress.csv and config.yaml into its
-run folder; config files, `--help` and the log are common.py's, beside it.
+The collector steps the envs and acts with the actor in a background thread (or a worker process) while this script
+runs gradient steps; each small batch of T steps per env goes into a replay buffer on the device with its true next
+observations (`BatchKeys(next_obs=True)`: the final observation at an episode end, never the reset one). Each run
+writes progress.csv and config.yaml into its run folder; config files, `--help` and the log are common.py's.
 
 Usage::
 
@@ -13,6 +11,7 @@ Usage::
     python examples/sac.py                                 # Pendulum-v1, configs/sac_pendulum.yaml
     python examples/sac.py seed=2 total_timesteps=50000    # key=value overrides
     python examples/sac.py backend=process                 # collect in one worker process instead
+    python examples/sac.py --config configs/sac_pendulum_torch.yaml   # 1,024 torch envs, T=1 (FastTD3's shape)
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from tensordict import TensorDict
 from torch.distributions import Normal
 
@@ -37,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, also when
 import common  # noqa: E402
 from common import ConfigError  # noqa: E402
 
-from torch_rollout import BatchKeys, Collector, Processes  # noqa: E402
+from torch_rollout import BatchKeys, Collector, Processes, gym_envs  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sac_pendulum.yaml"
 
@@ -60,8 +58,8 @@ class Config:
     torch_threads: int = 1  # intra-op threads for the trainer's torch ops
 
     # environments and collection
-    env_id: str = "Pendulum-v1"  # any gymnasium id with a flat Box observation and a Box action space
-    num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
+    env_id: str = "Pendulum-v1"  # a gymnasium id (flat Box observation, Box action); torch_rollout/...: torch envs
+    num_envs: int = 4  # parallel envs (N): one gymnasium SyncVectorEnv, or one torch vector env on `device`
     num_steps: int = 2  # steps per env per batch (T): the replay buffer gets T * N transitions at a time
     backend: str = "thread"  # where collection runs: "thread" or "process" (one worker process)
     prefetch: int = 1  # batches collected ahead of training (acting lags the trainer by as many batches)
@@ -156,9 +154,12 @@ class Critic(nn.Module):
 
 
 class ReplayBuffer:
-    """A ring buffer of transitions preallocated on the device; the oldest are overwritten once it is full."""
+    """A ring buffer of transitions preallocated on the device; the oldest are overwritten once it is full.
 
-    KEYS = ("obs", "action", "reward", "next_obs", "terminated")
+    Every row goes in with its `mask`: the critics' loss weighs masked rows (NEXT_STEP's reset rows) 0, where
+    selecting the real rows (`batch[batch["mask"]]`) would wait for the device to count them at every batch."""
+
+    KEYS = ("obs", "action", "reward", "next_obs", "terminated", "mask")
 
     def __init__(self, capacity: int, example: TensorDict) -> None:
         # storage shaped like one transition of a batch, [capacity, ...]
@@ -166,10 +167,12 @@ class ReplayBuffer:
         self.capacity, self.pos, self.size = capacity, 0, 0
 
     def extend(self, rows: TensorDict) -> None:
-        """Appends transitions [B] (the real rows of a batch)."""
-        n = min(rows.shape[0], self.capacity)
-        index = (self.pos + torch.arange(n, device=self.data.device)) % self.capacity
-        self.data[index] = rows.select(*self.KEYS)[-n:]
+        """Copies rows [B] (a batch's, flattened) in at the write position: at most two slices, as it wraps."""
+        rows = rows.select(*self.KEYS)[-self.capacity :]
+        n = rows.shape[0]
+        first = min(n, self.capacity - self.pos)
+        self.data[self.pos : self.pos + first].copy_(rows[:first])
+        self.data[: n - first].copy_(rows[first:])
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
@@ -225,7 +228,7 @@ class SAC:
             # beyond the last row, from the true next observation that next_obs holds
             target = data["reward"] + cfg.gamma * (~data["terminated"]) * target_q
         q1, q2 = self.critic(data["obs"], data["action"])
-        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        qf_loss = (data["mask"] * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
         self.q_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
         self.q_optimizer.step()
@@ -262,8 +265,12 @@ def train(cfg: Config) -> float:
     device = torch.device(cfg.device)
     run_dir = common.make_run_dir(cfg)
 
-    spaces = gym.make(cfg.env_id)
-    obs_space, action_space = spaces.observation_space, spaces.action_space
+    # a torch vector env (torch_rollout/...) steps on the agent's device and, as GPU simulators do, resets an ended
+    # env within the step (every row a transition); gymnasium's steps on the CPU
+    torch_envs = {"device": device, "autoreset_mode": "SameStep"} if cfg.env_id.startswith("torch_rollout/") else {}
+    envs = gym_envs(cfg.env_id, **torch_envs)
+    spaces = envs(1)
+    obs_space, action_space = spaces.single_observation_space, spaces.single_action_space
     spaces.close()
     if not isinstance(action_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         raise ConfigError(f"env_id={cfg.env_id}: SAC here needs a flat Box observation and a Box action space")
@@ -271,12 +278,12 @@ def train(cfg: Config) -> float:
     sample_gen = torch.Generator(device).manual_seed(cfg.seed)
 
     batch_steps = cfg.num_envs * cfg.num_steps
-    recent, reached = common.RecentReturns(cfg.return_window), None
+    recent = common.RecentReturns(cfg.return_window)
+    ended = common.EndedReturns(recent, cfg.target_return)
     global_step, next_log, owed_updates = 0, cfg.log_every, 0.0
-    wait_s = update_s = 0.0
-    buffer = None
+    wait_s, update_s, buffer = 0.0, 0.0, None
     collector = Collector(
-        cfg.env_id,  # the collector builds the SyncVectorEnv (in the worker process with backend=process)
+        envs,  # a recipe: the collector builds the envs (in the worker process with backend=process)
         sac.actor,
         num_envs=cfg.num_envs,
         num_steps=cfg.num_steps,
@@ -293,14 +300,10 @@ def train(cfg: Config) -> float:
         for batch in collector:  # [T, N], collected while the previous batch trained
             wait_s += time.perf_counter() - waited_from
             global_step += batch_steps
-            real = batch["mask"]  # False on NEXT_STEP's reset rows, which are no transition
-            if buffer is None:
-                buffer = ReplayBuffer(cfg.buffer_size, batch[real])
-            buffer.extend(batch[real])
-            recent.add(batch["episode_return"][batch["done"] & real])
-            full = len(recent.returns) == cfg.return_window
-            if reached is None and cfg.target_return is not None and full and recent.mean >= cfg.target_return:
-                reached = global_step
+            rows = batch.reshape(-1)  # [T * N]: the buffer copies them in and keeps no reference to the batch
+            buffer = buffer or ReplayBuffer(cfg.buffer_size, rows)  # shaped like the first batch's rows
+            buffer.extend(rows)
+            ended.add(global_step, batch)  # counted at the next log: no wait for the device per batch
 
             if global_step >= cfg.learning_starts:
                 update_start = time.perf_counter()
@@ -312,6 +315,7 @@ def train(cfg: Config) -> float:
 
             if global_step >= next_log or global_step >= cfg.total_timesteps:
                 next_log += cfg.log_every
+                ended.flush()
                 row = {
                     "step": global_step,
                     "wall_time": time.perf_counter() - start,
@@ -330,7 +334,7 @@ def train(cfg: Config) -> float:
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
     print(f"final mean return (last {len(recent.returns)} episodes): {recent.mean:.1f}")
     if cfg.target_return is not None:
-        print(f"mean return >= {cfg.target_return} first at step: {reached if reached is not None else 'never'}")
+        print(f"mean return >= {cfg.target_return} first at step: {ended.reached or 'never'}")
     return recent.mean
 
 
