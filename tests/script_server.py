@@ -144,8 +144,11 @@ class Running:
     def kill(self) -> None:
         """Kills its process group (SIGKILL) and waits for the server to have reaped it."""
         if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # not yet the leader of a group of its own: nothing started from it yet
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
             self.returncode = self.server._next(60.0)["returncode"]
 
 
