@@ -26,6 +26,7 @@ import gymnasium as gym
 import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
+from script_server import ScriptServer
 from torch.overrides import TorchFunctionMode
 
 from torch_rollout import Collector
@@ -205,39 +206,37 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 """
 
 
-def run_script(body: str, *args: str, interrupt: str | None = None) -> subprocess.CompletedProcess:
-    """Runs PRELUDE + ``body`` in a fresh interpreter; ``interrupt`` sends SIGINT once it prints "ready".
+@pytest.fixture(scope="module")
+def python():
+    """Starts ``python -c CODE`` (PYTHONPATH: the tests' folder and the repository, then the inherited one) in a
+    fork of a warm interpreter, torch imported once; each script is the leader of a process group of its own."""
+    server = ScriptServer(warnings_as_errors=False, pythonpath=(TESTS, ROOT))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def run_script(
+    python: ScriptServer, body: str, *args: str, interrupt: str | None = None
+) -> subprocess.CompletedProcess:
+    """Runs PRELUDE + ``body`` as ``python -c``; ``interrupt`` sends SIGINT once it prints "ready".
 
     ``interrupt="pid"`` signals the process (``kill -INT``), ``"group"`` its whole
     process group with the AsyncVectorEnv workers, as Ctrl-C in a terminal does.
     """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    code = textwrap.dedent(PRELUDE) + textwrap.dedent(body)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own process group, so that "group" reaches nothing else
-    )
+    script = python.start(code=textwrap.dedent(PRELUDE) + textwrap.dedent(body), args=args, cwd=ROOT)
     try:
         if interrupt is not None:
-            line = proc.stdout.readline()  # blocks until the script is iterating (or dies)
-            assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")
+            line = script.first_line(SUBPROCESS_TIMEOUT)  # once the script is iterating (or has died)
+            assert line.strip() == "ready", (line, script.stderr.read_text())
             if interrupt == "pid":
-                os.kill(proc.pid, signal.SIGINT)
+                os.kill(script.pid, signal.SIGINT)
             else:
-                os.killpg(proc.pid, signal.SIGINT)
-            rest, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-            out = line + rest
-        else:
-            out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                os.killpg(script.pid, signal.SIGINT)
+        return script.wait(SUBPROCESS_TIMEOUT)
+    finally:
+        script.kill()
 
 
 def report(out: str) -> dict[str, str]:
@@ -290,8 +289,8 @@ SLOW = pytest.mark.slow
     [("sync", "pid"), pytest.param("async", "pid", marks=SLOW), ("async", "group")],
     ids=lambda x: x,
 )
-def test_keyboard_interrupt_in_main_thread(vec, interrupt):
-    result = run_script(INTERRUPTED, vec, interrupt=interrupt)
+def test_keyboard_interrupt_in_main_thread(python, vec, interrupt):
+    result = run_script(python, INTERRUPTED, vec, interrupt=interrupt)
     assert result.returncode == 0, result.stderr
     out = report(result.stdout)
     assert out.get("interrupted") == "yes", result.stdout + result.stderr
@@ -338,8 +337,8 @@ for i, batch in enumerate(collector):
     ],
     ids=lambda x: x,
 )
-def test_interpreter_exit_with_running_collector(vec, how, envs):
-    result = run_script(EXITING, vec, how, envs)
+def test_interpreter_exit_with_running_collector(python, vec, how, envs):
+    result = run_script(python, EXITING, vec, how, envs)
     if how == "raise":
         assert result.returncode == 1
         assert result.stderr.count("Traceback") == 1 and "RuntimeError: the trainer gave up" in result.stderr
@@ -403,10 +402,10 @@ for prefetch in (0, 2):
 """
 
 
-def test_keyboard_interrupt_storm_then_close():
+def test_keyboard_interrupt_storm_then_close(python):
     """150 KeyboardInterrupts at random points of next(), prefetch 0 and 2: no lock is left held
     (close() then deadlocked), and the batches that do arrive keep their order."""
-    result = run_script(STORM, "sync")
+    result = run_script(python, STORM, "sync")
     assert result.returncode == 0, result.stderr
     out = report(result.stdout)
     for prefetch in (0, 2):
@@ -630,34 +629,21 @@ print("exiting", flush=True)
 EXIT_BOUND = 8.0
 
 
-def test_interpreter_exit_with_a_thread_stuck_in_the_env_is_bounded_and_says_where():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(STUCK_AT_EXIT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
+def test_interpreter_exit_with_a_thread_stuck_in_the_env_is_bounded_and_says_where(python):
+    script = python.start(code=textwrap.dedent(STUCK_AT_EXIT), cwd=ROOT)
     try:
-        line = proc.stdout.readline()  # blocks until the thread is stuck
-        assert line.strip() == "exiting", (line, proc.stderr.read() if proc.poll() is not None else "")
+        line = script.first_line(SUBPROCESS_TIMEOUT)  # once the thread is stuck
+        assert line.strip() == "exiting", (line, script.stderr.read_text())
         start = time.monotonic()
         try:
-            _, err = proc.communicate(timeout=EXIT_BOUND)
+            result = script.wait(EXIT_BOUND)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
-            pytest.fail(f"the interpreter did not exit within {EXIT_BOUND} s; stderr: {err}")
-    except BaseException:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        raise
+            pytest.fail(f"the interpreter did not exit within {EXIT_BOUND} s; stderr: {script.stderr.read_text()}")
+    finally:
+        script.kill()
     assert time.monotonic() - start < EXIT_BOUND
-    assert proc.returncode == 0, err
+    err = result.stderr
+    assert result.returncode == 0, err
     assert "RuntimeWarning: Collector.close: at interpreter exit the background thread did not stop within 2.0 s" in err
     assert "envs.step()" in err, err  # the call the thread is stuck in
     assert "reliability_envs.py" in err, err  # and where: the env's own code

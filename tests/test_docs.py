@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_server import ScriptServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -73,8 +75,24 @@ def test_the_pages_have_python_blocks():
     assert len(BLOCKS) >= 2
 
 
+@pytest.fixture(scope="module")
+def python():
+    """Runs a script as ``python -W error SCRIPT`` would: in a fork of a warm interpreter (torch imported once), or
+    a fresh interpreter where there is no fork."""
+    if not hasattr(os, "fork"):
+        yield lambda script, *, cwd, timeout: subprocess.run(
+            [sys.executable, "-W", "error", str(script)], capture_output=True, text=True, timeout=timeout, cwd=cwd
+        )
+        return
+    server = ScriptServer()
+    try:
+        yield server.run
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=[f"{page}:{line}" for page, line, _ in BLOCKS])
-def test_python_block_runs(page, line, code, tmp_path):
+def test_python_block_runs(page, line, code, tmp_path, python):
     where = f"{page} line {line}, the block starting {code.splitlines()[0]!r}"
     missing = missing_modules(code)
     if missing:
@@ -83,13 +101,7 @@ def test_python_block_runs(page, line, code, tmp_path):
     script = tmp_path / f"{Path(page).stem}_line{line}.py"
     script.write_text(code)
     try:
-        result = subprocess.run(
-            [sys.executable, "-W", "error", str(script)],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            cwd=tmp_path,
-        )
+        result = python(script, cwd=tmp_path, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where} did not finish within {TIMEOUT_S} s")
     assert result.returncode == 0, f"{where} failed (exit code {result.returncode}):\n{result.stderr[-3000:]}"

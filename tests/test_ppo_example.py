@@ -24,8 +24,9 @@ CONFIGS = ROOT / "configs"
 
 @pytest.fixture(scope="module")
 def ppo():
-    """examples/ppo.py imported as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("ppo_example", SCRIPT)
+    """examples/ppo.py imported as a module (it is a script, not part of the package), by the name that worker
+    processes import it by: the script puts examples/ on sys.path, which they start with."""
+    spec = importlib.util.spec_from_file_location("ppo", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolves annotations through sys.modules
     try:
@@ -33,6 +34,14 @@ def ppo():
         yield module
     finally:
         del sys.modules[spec.name]
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """train() and evaluate() set the process's torch threads (cfg.torch_threads): the next test gets them back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------- config
@@ -119,17 +128,12 @@ def test_command_line_reports_config_errors(ppo, capsys):
     assert "unknown config key 'bogus'" in capsys.readouterr().err
 
 
-def test_help_lists_every_config_key_with_its_default_and_description(ppo):
-    result = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "80"},
-    )
-    assert result.returncode == 0, result.stderr
-    text = " ".join(result.stdout.split())  # descriptions are wrapped to the terminal's width
+def test_help_lists_every_config_key_with_its_default_and_description(ppo, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal's width
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # descriptions are wrapped to the terminal's width
     source = SCRIPT.read_text()
     for field in dataclasses.fields(ppo.Config):
         default = field.default
@@ -153,29 +157,40 @@ def test_the_script_shows_ppo_in_about_350_lines_and_shares_the_plumbing_with_sa
 
 
 # ---------------------------------------------------------------------------- runs
+# The runs call the script's main() in the test's process (a fresh interpreter importing torch costs seconds);
+# the tests that need one, Ctrl-C and torchrun, start the script as a command.
 
 
-def run_script(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+@pytest.fixture
+def run_script(ppo, capsys):
+    """Runs the script's command line, ``main(args)``; returns what it printed."""
+
+    def run(*args: str) -> str:
+        capsys.readouterr()
+        ppo.main(list(args))
+        return capsys.readouterr().out
+
+    return run
 
 
-def run_script_failing(*args: str) -> str:
-    """Runs the script expecting it to fail; returns its stderr."""
-    result = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert result.returncode != 0, result.stdout
-    return result.stderr
+@pytest.fixture
+def run_script_failing(ppo, capsys):
+    """Runs the script's command line expecting it to fail as a command (an exit code of 2); returns its stderr."""
+
+    def run(*args: str) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            ppo.main(list(args))
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    return run
 
 
 EVAL_LINE = re.compile(r"eval over 2 episodes: mean return (-?\d+\.\d) \+- (\d+\.\d)")
 
 
-def test_smoke_cartpole_train_then_eval(tmp_path):
+def test_smoke_cartpole_train_then_eval(tmp_path, run_script):
     run_dir = tmp_path / "run"
     # 3 iterations of 4 envs x 32 steps
     out = run_script("total_timesteps=384", "num_envs=4", "num_steps=32", f"run_dir={run_dir}")
@@ -194,7 +209,7 @@ def test_smoke_cartpole_train_then_eval(tmp_path):
     assert EVAL_LINE.search(run_script("--eval", str(run_dir / "checkpoint.pt"), "eval_episodes=2"))
 
 
-def test_torch_cartpole_config_trains_and_evaluates_on_the_torch_env(tmp_path):
+def test_torch_cartpole_config_trains_and_evaluates_on_the_torch_env(tmp_path, run_script, run_script_failing):
     """configs/ppo_cartpole_torch.yaml: one vector env of torch tensors, thousands of envs on the agent's device."""
     run_dir = tmp_path / "run"
     config = str(CONFIGS / "ppo_cartpole_torch.yaml")
@@ -213,19 +228,15 @@ def test_torch_cartpole_config_trains_and_evaluates_on_the_torch_env(tmp_path):
 
 def test_continuous_actions_save_obs_normalisation(ppo, tmp_path, capsys):
     """Pendulum (Box actions, no MuJoCo needed) with the HalfCheetah config's wrappers."""
-    threads = torch.get_num_threads()
-    try:
-        cfg = ppo.load_config(
-            CONFIGS / "ppo_halfcheetah.yaml",
-            ["env_id=Pendulum-v1", "num_envs=2", "num_steps=64", "total_timesteps=256", f"run_dir={tmp_path}"],
-        )
-        ppo.train(cfg)
-        checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-        assert checkpoint["obs_rms"]["mean"].shape == (3,)
-        assert checkpoint["obs_rms"]["count"] > 256  # updated on every step
-        mean, std = ppo.evaluate(tmp_path / "checkpoint.pt", ["eval_episodes=2"])
-    finally:
-        torch.set_num_threads(threads)
+    cfg = ppo.load_config(
+        CONFIGS / "ppo_halfcheetah.yaml",
+        ["env_id=Pendulum-v1", "num_envs=2", "num_steps=64", "total_timesteps=256", f"run_dir={tmp_path}"],
+    )
+    ppo.train(cfg)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert checkpoint["obs_rms"]["mean"].shape == (3,)
+    assert checkpoint["obs_rms"]["count"] > 256  # updated on every step
+    mean, std = ppo.evaluate(tmp_path / "checkpoint.pt", ["eval_episodes=2"])
     assert -2000 < mean < 0 and std >= 0  # Pendulum's returns are negative
     assert EVAL_LINE.search(capsys.readouterr().out)
 
@@ -245,13 +256,9 @@ def test_track_tensorboard_writes_grouped_scalars_into_the_run_folder(ppo, tmp_p
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    threads = torch.get_num_threads()
-    try:
-        # 4 iterations of 2 envs x 32 steps
-        args = ["total_timesteps=256", "num_envs=2", "num_steps=32", "backend=thread", "track_tensorboard=true"]
-        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
-    finally:
-        torch.set_num_threads(threads)
+    # 4 iterations of 2 envs x 32 steps
+    args = ["total_timesteps=256", "num_envs=2", "num_steps=32", "backend=thread", "track_tensorboard=true"]
+    ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
     (events,) = tmp_path.glob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
@@ -267,12 +274,8 @@ def test_track_tensorboard_writes_grouped_scalars_into_the_run_folder(ppo, tmp_p
 def test_track_tensorboard_without_tensorboard_fails_at_start_naming_the_fix(ppo, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard raises ImportError
     monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            ppo.main(["track_tensorboard=true", f"run_dir={tmp_path / 'run'}"])
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(["track_tensorboard=true", f"run_dir={tmp_path / 'run'}"])
     assert exit_info.value.code == 2
     message = (
         "track_tensorboard=true needs tensorboard, which is not installed: pip install -e '.[examples]' in the "
@@ -286,19 +289,15 @@ def test_capture_video_records_an_evaluation_episode_after_training_and_with_eva
     pytest.importorskip("moviepy")
     pytest.importorskip("pygame")  # CartPole renders with pygame: gymnasium[classic-control]
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")  # as the example sets it, but undone after the test
-    threads = torch.get_num_threads()
-    try:
-        # 1 iteration of 2 envs x 32 steps, then one recorded episode of the final weights
-        args = ["total_timesteps=64", "num_envs=2", "num_steps=32", "backend=thread", "capture_video=true"]
-        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
-        video = tmp_path / "videos" / "eval-step64-episode-0.mp4"
-        assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
-        assert "eval over 1 episode: " in capsys.readouterr().out
+    # 1 iteration of 2 envs x 32 steps, then one recorded episode of the final weights
+    args = ["total_timesteps=64", "num_envs=2", "num_steps=32", "backend=thread", "capture_video=true"]
+    ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", [*args, f"run_dir={tmp_path}"]))
+    video = tmp_path / "videos" / "eval-step64-episode-0.mp4"
+    assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+    assert "eval over 1 episode: " in capsys.readouterr().out
 
-        video.unlink()  # --eval records anew into the folder that exists (no warning, an error in the tests)
-        ppo.main(["--eval", str(tmp_path / "checkpoint.pt"), "eval_episodes=2"])
-    finally:
-        torch.set_num_threads(threads)
+    video.unlink()  # --eval records anew into the folder that exists (no warning, an error in the tests)
+    ppo.main(["--eval", str(tmp_path / "checkpoint.pt"), "eval_episodes=2"])
     assert [path.name for path in (tmp_path / "videos").iterdir()] == [video.name]  # sub-env 0 only
     assert video.read_bytes()[4:8] == b"ftyp"
     assert f"video of the first episode: {video}" in capsys.readouterr().out
@@ -327,12 +326,8 @@ def test_capture_video_without_a_dependency_fails_at_start_naming_the_fix(
         pytest.importorskip("moviepy")  # checked first
     monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            ppo.main(["capture_video=true", f"run_dir={tmp_path / 'run'}"])
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(["capture_video=true", f"run_dir={tmp_path / 'run'}"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing built, nothing written
@@ -390,20 +385,16 @@ def test_a_run_stopped_by_ctrl_c_resumes_to_the_same_final_step_with_a_continuou
 
 
 def test_resume_carries_the_optimizer_and_schedule_on_and_refuses_a_finished_run(ppo, tmp_path, capsys):
-    threads = torch.get_num_threads()
-    try:
-        args = ["total_timesteps=256", "num_envs=2", "num_steps=32", f"run_dir={tmp_path}", "backend=thread"]
-        ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", args))
-        first = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-        with pytest.raises(SystemExit) as exit_info:
-            ppo.main(["--resume", str(tmp_path / "checkpoint.pt")])
-        assert exit_info.value.code == 2
-        assert "the run is complete (256 steps of total_timesteps=256)" in capsys.readouterr().err
+    args = ["total_timesteps=256", "num_envs=2", "num_steps=32", f"run_dir={tmp_path}", "backend=thread"]
+    ppo.train(ppo.load_config(CONFIGS / "ppo_cartpole.yaml", args))
+    first = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(["--resume", str(tmp_path / "checkpoint.pt")])
+    assert exit_info.value.code == 2
+    assert "the run is complete (256 steps of total_timesteps=256)" in capsys.readouterr().err
 
-        ppo.main(["--resume", str(tmp_path / "checkpoint.pt"), "total_timesteps=512"])
-        second = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    finally:
-        torch.set_num_threads(threads)
+    ppo.main(["--resume", str(tmp_path / "checkpoint.pt"), "total_timesteps=512"])
+    second = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert read_steps(tmp_path) == [64 * i for i in range(1, 9)]
     adam_steps = lambda ckpt: int(next(iter(ckpt["optimizer"]["state"].values()))["step"])  # noqa: E731
     assert adam_steps(second) == 2 * adam_steps(first) > 0, "the optimizer's state was carried on"
@@ -413,7 +404,7 @@ def test_resume_carries_the_optimizer_and_schedule_on_and_refuses_a_finished_run
     assert lrs[4:] == sorted(lrs[4:], reverse=True) and lrs[4] < lrs[0], "the schedule goes on from iteration 5"
 
 
-def test_normalize_reward_in_worker_processes_logs_the_envs_own_returns(tmp_path):
+def test_normalize_reward_in_worker_processes_logs_the_envs_own_returns(tmp_path, run_script):
     run_dir = tmp_path / "run"
     run_script(
         "normalize_reward=true",
@@ -435,15 +426,11 @@ def test_normalize_reward_in_worker_processes_logs_the_envs_own_returns(tmp_path
 
 def test_normalize_obs_with_worker_processes_is_refused(ppo, tmp_path):
     cfg = ppo.load_config(None, ["normalize_obs=true", "backend=process", f"run_dir={tmp_path}"])
-    threads = torch.get_num_threads()  # train() sets the process's torch threads first
-    try:
-        with pytest.raises(ppo.ConfigError, match=re.escape("normalize_obs needs backend=thread, got backend=process")):
-            ppo.train(cfg)
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(ppo.ConfigError, match=re.escape("normalize_obs needs backend=thread, got backend=process")):
+        ppo.train(cfg)
 
 
-def test_smoke_recurrent_config_train_then_eval(tmp_path):
+def test_smoke_recurrent_config_train_then_eval(tmp_path, run_script):
     run_dir = tmp_path / "run"
     # 2 iterations of 2 envs x 16 steps, in a worker process, then --eval with the LSTM's state
     out = run_script(
