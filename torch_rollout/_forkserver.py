@@ -91,6 +91,10 @@ def start_server() -> bool:
     server = forkserver._forkserver
     if set(vars(server)) not in (_SERVER_FIELDS, _SERVER_FIELDS_WITH_PRELOAD):
         return False
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # A worker importing the trainer's script, which creates a collector outside its main guard: the
+        # start of its workers raises multiprocessing's error about it (no server forked from here, again and again).
+        return False
     with server._lock:
         if server._forkserver_pid is not None or not fork_is_safe():
             return False
