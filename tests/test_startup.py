@@ -20,6 +20,7 @@ TESTS = Path(__file__).resolve().parent
 # The trainer. Its workers' make_envs writes what it sees of its process to facts-<start_index>.json first.
 TRAINER = """
 import functools, json, os, signal, sys, threading, time
+from multiprocessing import forkserver
 from pathlib import Path
 
 import gymnasium
@@ -39,6 +40,8 @@ def make_envs(mode, num_envs, start_index=0):
         # imported by the trainer under its main guard only: seen here when this process is a fork of the trainer's
         "forked_from_trainer": "wave" in sys.modules,
         "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+        # free: this worker can start processes of its own from a forkserver (an AsyncVectorEnv's, say)
+        "forkserver_lock_free": forkserver._forkserver._lock.acquire(timeout=5),
     }}
     (OUT / f"facts-{{start_index}}.json").write_text(json.dumps(facts))
     print(f"worker {{start_index}} built its envs", flush=True)
@@ -125,7 +128,7 @@ def test_workers_fork_from_the_trainer_only_while_it_is_safe(tmp_path, mode, for
     assert len({f["server"] for f in facts}) == 1
     assert len({f["pid"] for f in facts}) == 4
     # What the trainer holds stays the trainer's: its signal handlers, its buffered output, its pipes.
-    assert all(f["sigterm_default"] for f in facts)
+    assert all(f["sigterm_default"] and f["forkserver_lock_free"] for f in facts)
     assert not (tmp_path / "trainer-handler-ran").exists()
     assert out.count("written by the trainer, not yet flushed") == 1
     assert "pipe end seen: True" in out

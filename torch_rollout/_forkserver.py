@@ -30,6 +30,7 @@ import stat
 import sys
 import threading
 import types
+import warnings
 from multiprocessing import connection, forkserver, resource_tracker, util
 
 import torch
@@ -109,7 +110,10 @@ def start_server() -> bool:
             alive_r, alive_w = os.pipe()
             util._flush_std_streams()  # what is buffered now would be written again by the server's workers
             try:
-                pid = os.fork()
+                with warnings.catch_warnings():
+                    # Python 3.12+ warns of any second OS thread; the ones fork_is_safe() allows stop for the fork.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
             except OSError:
                 os.close(alive_r)
                 os.close(alive_w)
@@ -129,6 +133,8 @@ def start_server() -> bool:
 def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
     """The forked server: lets go of what it inherited from the trainer, then serves multiprocessing's protocol."""
     gc.freeze()  # the trainer's objects are never collected here: no finalizer of theirs runs twice
+    # Held by the trainer's thread at the fork: a worker that starts processes of its own takes it.
+    forkserver._forkserver._lock = threading.Lock()
     os.close(alive_w)
     _release_inherited_fds(keep={0, 1, 2, listener_fd, alive_r})
     signal.set_wakeup_fd(-1)
