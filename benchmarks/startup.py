@@ -164,8 +164,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     body = [
         [
             names[row["setting"]],
-            *(f"{row[p]:.3f}" for p in _PHASES),
-            "{:.3f}-{:.3f}".format(*row["total_range"]),
+            *(f"{row[p]:.2f}" for p in _PHASES),
+            "{:.2f}-{:.2f}".format(*row["total_range"]),
             "{:.2f}-{:.2f}".format(*row["load"]),
         ]
         for row in results["rows"]
