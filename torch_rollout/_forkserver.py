@@ -5,7 +5,7 @@ itself, so they inherit none of the trainer's threads, locks held by them or
 CUDA context. multiprocessing's forkserver starts that server as a fresh
 interpreter, which imports torch, tensordict and gymnasium again before the
 first worker can fork: seconds, on a small machine. When the trainer is still
-safe to fork at the first worker's start (one OS thread, no CUDA context), the
+safe to fork at the first worker's start (no thread of its own, no CUDA context), the
 server is forked from the trainer instead, with those modules already
 imported, and the first workers start in a fraction of a second. Either way the
 server serves every later worker of every collector, whatever the trainer
