@@ -1,6 +1,10 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
-from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
+# First: it counts the threads that importing torch and numpy start (see _forkserver.fork_is_safe)
+from torch_rollout import (
+    _forkserver,  # noqa: F401
+    envs,  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
+)
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
 from torch_rollout._envpool import envpool_envs
 from torch_rollout._envs import gym_envs

@@ -220,8 +220,10 @@ class Processes(Backend):
             raise RuntimeError(unguarded)
 
     def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
+        from torch_rollout._forkserver import start_server
         from torch_rollout._process import ProcessPlacement, check_shared_memory
 
+        start_server()  # before the weights go to shared memory: a server forked from here would hold them too
         why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
         acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)

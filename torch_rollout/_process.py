@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
+from torch_rollout._forkserver import context
 from torch_rollout._loop import RolloutLoop, Stopped
 from torch_rollout._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
@@ -57,16 +58,6 @@ _EXIT_WAIT = 5.0
 _LOCK_TURN = 0.1
 # Where torch keeps the shared memory of tensors (share_memory_()) on Linux: a tmpfs, 64 MB in a Docker container.
 _SHM_DIR = "/dev/shm"
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    # forkserver: workers fork from a clean single-threaded server that imported torch once, so a
-    # start costs milliseconds and never inherits the trainer's threads or locks (as fork would).
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch_rollout._process"])
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 def check_shared_memory(needed: int, what: str) -> None:
@@ -144,7 +135,7 @@ class ProcessPlacement(RemotePlacement):
     ) -> None:
         super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         self.timeout = startup_timeout  # the collector's timeout: also how long a refresh waits for a forward pass
-        ctx = _context()
+        ctx = context()
         self.weights = dict(named_weights(acting_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]

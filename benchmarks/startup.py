@@ -1,0 +1,190 @@
+"""Start-up: from ``Collector(...)`` to the first batch, in a fresh trainer process, thread against worker processes.
+
+Each sample is a fresh Python process that imports torch_rollout, builds a
+``Collector`` on CartPole-v1 (the default PPO config's N=8, T=125 and the
+benchmarks' 64x64 actor-critic) and takes its first batch. Settings alternate
+(thread, Processes(1), Processes(2), Processes(2) beside a running thread, ...);
+the last one is a trainer that is not safe to fork, whose workers start from a
+fresh fork server as before. The table gives medians and the breakdown:
+
+- import: ``import torch_rollout`` (torch, tensordict, gymnasium);
+- to envs: from ``Collector(...)`` to the last worker's ``make_envs`` call (the fork server's start,
+  each worker's fork, unpickling, importing the script again);
+- envs: the slowest worker's ``make_envs``;
+- to Ready: from then to the constructor's return (the workers' Ready, the shared-memory check);
+- first batch: ``next()`` (the envs' reset and 125 steps);
+- total: ``Collector(...)`` to the first batch.
+
+The load average (``uptime``'s 1-minute figure) is recorded next to every
+sample: the machine may be shared.
+
+Usage::
+
+    benchmarks/.venv/bin/python benchmarks/startup.py [--quick] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run", "to_markdown", "SETTINGS", "make_envs"]
+
+SETTINGS = ("thread", "process1", "process2", "process2-threaded")
+NUM_ENVS, NUM_STEPS = 8, 125  # configs/ppo_cartpole.yaml
+_WORKER_TIMEOUT_S = 300
+_PHASES = ("import", "to_envs", "envs", "to_ready", "first_batch", "total")
+
+
+def make_envs(out: str, num_envs: int, start_index: int = 0) -> Any:
+    """CartPole-v1 SyncVectorEnv; writes when its build began and ended (wall clock) to ``out``/envs-<start>.json."""
+    began = time.time()
+    import gymnasium as gym
+
+    envs = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync")
+    Path(out, f"envs-{start_index}.json").write_text(json.dumps({"began": began, "built": time.time()}))
+    return envs
+
+
+def worker(setting: str, out: str) -> dict[str, Any]:
+    """In a fresh process: import, build the collector, take the first batch; the phases' seconds."""
+    import functools
+    import threading
+
+    started = time.time()
+    import torch
+
+    from torch_rollout import Collector, Processes
+
+    from _common import make_policy
+
+    imported = time.time()
+    torch.set_num_threads(1)  # as the PPO config's torch_threads: 1
+    if setting.endswith("-threaded"):  # a trainer that runs a thread of its own: not safe to fork
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    backend = "thread" if setting == "thread" else Processes(int(setting[len("process")]))
+    envs = functools.partial(make_envs, out)
+    policy = make_policy(0)
+    ctor = time.time()
+    collector = Collector(envs, policy, num_envs=NUM_ENVS, num_steps=NUM_STEPS, backend=backend, seed=0)
+    built = time.time()
+    try:
+        next(collector)
+        first = time.time()
+    finally:
+        collector.close()
+    stamps = [json.loads(p.read_text()) for p in Path(out).glob("envs-*.json")]
+    envs_began = max(s["began"] for s in stamps)
+    envs_built = max(s["built"] for s in stamps)
+    return {
+        "import": imported - started,
+        "to_envs": envs_began - ctor,
+        "envs": max(s["built"] - s["began"] for s in stamps),
+        "to_ready": built - envs_built,
+        "first_batch": first - built,
+        "total": first - ctor,
+    }
+
+
+def _run_worker(setting: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as out:
+        load = os.getloadavg()[0]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", setting, "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=_WORKER_TIMEOUT_S,
+            env=env,
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"startup worker {setting} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(lines[-1]), "load": load}
+
+
+def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Alternates the settings over ``repeats`` fresh processes each; writes results/startup.json.
+
+    Args:
+        quick: one process per setting.
+        repeats: processes per setting (default 1 quick, 5 full).
+        log: where progress lines go.
+    """
+    from _common import machine_info, write_json
+
+    repeats = repeats or (1 if quick else 5)
+    samples: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
+    log(f"startup: Collector(...) to the first batch, CartPole N={NUM_ENVS} T={NUM_STEPS}, {repeats} repeat(s)")
+    for repeat in range(repeats):
+        for setting in SETTINGS:
+            sample = _run_worker(setting)
+            samples[setting].append(sample)
+            phases = "  ".join(f"{p} {sample[p]:.3f}" for p in _PHASES)
+            log(f"  {repeat + 1}/{repeats}  {setting:18s} {phases}  (load {sample['load']:.2f})")
+    rows = [
+        {
+            "setting": setting,
+            **{p: statistics.median(s[p] for s in samples[setting]) for p in _PHASES},
+            "total_range": [min(s["total"] for s in samples[setting]), max(s["total"] for s in samples[setting])],
+            "load": [min(s["load"] for s in samples[setting]), max(s["load"] for s in samples[setting])],
+        }
+        for setting in SETTINGS
+    ]
+    results = {
+        "machine": machine_info(),
+        "config": {"num_envs": NUM_ENVS, "num_steps": NUM_STEPS, "repeats": repeats, "quick": quick},
+        "samples": samples,
+        "rows": rows,
+    }
+    write_json("startup_quick" if quick else "startup", results)
+    return results
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    """The medians as a table, seconds; the total's range and the load averages beside them."""
+    from _common import markdown_table
+
+    names = {
+        "thread": "thread",
+        "process1": "Processes(1)",
+        "process2": "Processes(2)",
+        "process2-threaded": "Processes(2), trainer with a thread",
+    }
+    header = ["placement", *_PHASES, "total min-max", "load"]
+    body = [
+        [
+            names[row["setting"]],
+            *(f"{row[p]:.2f}" for p in _PHASES),
+            "{:.2f}-{:.2f}".format(*row["total_range"]),
+            "{:.2f}-{:.2f}".format(*row["load"]),
+        ]
+        for row in results["rows"]
+    ]
+    return markdown_table(header, body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one process per setting")
+    parser.add_argument("--repeats", type=int, default=None, help="processes per setting (default 5)")
+    parser.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.out)))
+        return
+    print(to_markdown(run(quick=args.quick, repeats=args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
