@@ -240,10 +240,10 @@ def test_a_small_dev_shm_is_refused_by_the_constructor_with_the_fixes(tmp_path):
     # Refused before any batch is collected: the constructor raises, with the numbers and the fixes.
     assert slots["raised_by"] == "Collector", slots
     assert slots["seconds"] < 60.0  # no wait for a batch: only the workers' start, even on a loaded 2-core machine
-    needed = 2 * 32 * 4 * (2**16 + 8 + 27)  # slots x T x N x (obs + int64 action + the collector's keys)
+    needed = 2 * 32 * 4 * (2**16 + 8 + 28)  # slots x T x N x (obs + int64 action + the collector's keys)
     message = slots["error"]
     assert (
-        f"the batch slots (2 per worker for prefetch=1, x 32 steps x 4 envs x {2**16 + 35:,} bytes per row" in message
+        f"the batch slots (2 per worker for prefetch=1, x 32 steps x 4 envs x {2**16 + 36:,} bytes per row" in message
     )
     assert f"need at least {needed:,} bytes (16.0 MiB) of shared memory, but /dev/shm has only " in message
     assert "free of 8.0 MiB" in message and "docker run --shm-size=" in message
@@ -272,7 +272,7 @@ def test_a_small_dev_shm_is_refused_before_the_workers_collect(monkeypatch, free
         return types.SimpleNamespace(f_bavail=free // real.f_frsize, f_frsize=real.f_frsize, f_blocks=real.f_blocks)
 
     monkeypatch.setattr(os, "statvfs", fake)
-    needed = 2 * 8 * 4 * (2**16 + 8 + 27)  # 2 slots of [8, 4] rows of 64 KiB observations: 4 MiB
+    needed = 2 * 8 * 4 * (2**16 + 8 + 28)  # 2 slots of [8, 4] rows of 64 KiB observations: 4 MiB
     what = "the policy's weights" if free == 0 else "the batch slots (2 per worker for prefetch=1, x 8 steps x 4 envs"
     with pytest.raises(RuntimeError, match=re.escape(f"Collector(backend='process'): {what}")) as info:
         Collector(gym_envs(IMAGE, size=2**16), ConstantPolicy(), num_envs=4, num_steps=8, backend=Processes(2))
@@ -281,10 +281,11 @@ def test_a_small_dev_shm_is_refused_before_the_workers_collect(monkeypatch, free
         assert f"need at least {needed:,} bytes (4.0 MiB)" in str(info.value)
     assert wait_until(lambda: not workers(), 5.0)
     monkeypatch.undo()
-    # At least: what the check counts is no more than what a batch stores without the policy's outputs.
+    # At least: what the check counts is no more than what a batch stores without the policy's outputs (done is the
+    # loop's own, in every slot).
     with Collector(gym_envs(IMAGE, size=2**16), ConstantPolicy(), num_envs=4, num_steps=8, backend="thread") as c:
         batch = next(c)
-    assert needed // 2 <= batch.exclude("value", "next_value", "done", "advantage", "return").bytes()
+    assert needed // 2 <= batch.exclude("value", "next_value", "advantage", "return").bytes()
 
 
 # -- recipes and arguments -------------------------------------------------------------------------

@@ -45,8 +45,10 @@ def make_envs(mode, num_envs, start_index=0):
     }}
     (OUT / f"facts-{{start_index}}.json").write_text(json.dumps(facts))
     print(f"worker {{start_index}} built its envs", flush=True)
-    if mode == "together":  # each worker's envs wait for the other worker's start: a start that waited for a
-        deadline = time.monotonic() + 60  # Ready before the next would never see both
+    # "together": each worker's envs wait for the other worker's start (a start that waited for a Ready before
+    # the next would never see both); "fail": worker 1 fails once worker 0 has started, which then must not run on
+    if mode == "together" or (mode == "fail" and start_index == 1):
+        deadline = time.monotonic() + 60
         while not all((OUT / f"facts-{{k}}.json").exists() for k in range(2)):
             if time.monotonic() > deadline:
                 raise TimeoutError("the other worker did not start while this one built its envs")
