@@ -373,7 +373,7 @@ class RolloutLoop:
     def _deliver(self, head: HostRows | DeviceRows) -> TensorDict:
         """The complete batch of ``head``, with ``done``, ``next_value`` and the next observations."""
         batch = head.assemble(self.outputs)
-        torch.logical_or(batch["terminated"], batch["truncated"], out=batch["done"])
+        torch.logical_or(head.entry(batch, "terminated"), head.entry(batch, "truncated"), out=head.entry(batch, "done"))
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
         finals = dense = None
         if self.outputs.has_value or self.next_obs_key is not None:
@@ -382,14 +382,14 @@ class RolloutLoop:
             else:
                 finals = head.gather_finals(self.device)
         if self.next_obs_key is not None:
-            next_obs = batch[self.next_obs_key]
+            next_obs = head.entry(batch, self.next_obs_key)
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
-            _fill_next(next_obs, batch[self.obs_key], last, finals, dense)
+            _fill_next(next_obs, head.entry(batch, self.obs_key), last, finals, dense)
         if self.outputs.has_value:
             key = self.outputs.value_key
             last = ahead.outputs[key][0] if ahead is not None else self._last_value()
-            next_value = batch["next_value"]
-            _fill_next(next_value, batch[key], last, None, None)
+            next_value = head.entry(batch, "next_value")
+            _fill_next(next_value, head.entry(batch, key), last, None, None)
             if finals is not None:  # the value of each final observation, not of the reset one after it
                 self.acting.write_final_values(next_value, finals, self.num_envs)
             elif dense is not None:
@@ -439,8 +439,9 @@ def _fill_next(
 ) -> None:
     """Writes each row's next entry: the next row's ``of``, ``last`` after the last row; a final one where given."""
     device = rows.device
-    rows[:-1] = of[1:]
-    rows[-1] = last.to(device)
+    if len(rows) > 1:
+        rows[:-1].copy_(of[1:])
+    rows[-1].copy_(last)  # from its device (an upload or a readback blocks, as .to() would)
     if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
         ts, envs, obs, _ = finals
         rows[ts.to(device), envs.to(device)] = obs.to(device)

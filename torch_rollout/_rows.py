@@ -119,6 +119,7 @@ class _Rows:
         self.info = None
         self.assembled: TensorDict | None = None  # the batch of these rows, once made (rows written again keep it)
         self.kept: Any = None  # what a RowRing keeps of these rows
+        self.entries: dict[str, Any] = {}  # the batch's entries that the loop's batch end looked up
 
     def _allocate_outputs(self, out_t: dict[str, Any]) -> None:
         self.outputs = {key: empty_rows(_widen(value, self.N), self.T, self.store) for key, value in out_t.items()}
@@ -133,6 +134,14 @@ class _Rows:
                 self.outputs[key][t] = value
             else:
                 copy_into(rows[t], value)
+
+    def entry(self, batch: TensorDict, key: str) -> Any:
+        """``batch[key]`` of the batch these rows assembled, looked up once (a TensorDict lookup costs more
+        than a short batch's tensor ops)."""
+        found = self.entries.get(key)
+        if found is None:
+            found = self.entries[key] = batch[key]
+        return found
 
     def _batch(self, batch: dict[str, Any], outputs: OutputLayout) -> TensorDict:
         """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
@@ -477,13 +486,13 @@ class RowRing:
 
     def __init__(self, size: int) -> None:
         self.size = size if _USE_COUNT is not None else 0
-        # Per rows kept: (its tensors with their storage's use count at delivery, the batch's nesting).
-        self.slots: deque[tuple[HostRows | DeviceRows, tuple[list[tuple[Tensor, int]], _Nest]]] = deque()
+        # Per rows kept: (their storages with each one's use count at delivery, the batch's nesting).
+        self.slots: deque[tuple[HostRows | DeviceRows, tuple[list[tuple[Any, int]], _Nest]]] = deque()
 
     def take(self) -> HostRows | DeviceRows | None:
         """Rows of an earlier batch that nothing outside refers to, ready to be written again; or None."""
-        for i, (rows, (tensors, _)) in enumerate(self.slots):
-            if all(_storage_uses(tensor) == uses for tensor, uses in tensors):
+        for i, (rows, (storages, _)) in enumerate(self.slots):
+            if all(_USE_COUNT(storage._cdata) == uses for storage, uses in storages):
                 del self.slots[i]
                 rows.recycle()
                 return rows
@@ -495,8 +504,9 @@ class RowRing:
             return batch
         kept = rows.kept
         if kept is None:  # the first batch of these rows: counted before any view of the batch exists
-            tensors = [(tensor, _storage_uses(tensor)) for tensor in batch.values(True, True)]
-            kept = rows.kept = (tensors, _nest(batch))
+            # The storages themselves (their Python objects count once, at delivery as later).
+            storages = [tensor.untyped_storage() for tensor in batch.values(True, True)]
+            kept = rows.kept = ([(storage, _USE_COUNT(storage._cdata)) for storage in storages], _nest(batch))
         self.slots.append((rows, kept))
         if len(self.slots) > self.size:
             self.slots.popleft()  # the trainer keeps that batch: it is its own now
@@ -517,10 +527,6 @@ def _views(nest: _Nest) -> TensorDict:
     entries, batch_size, device = nest
     views = {key: _views(value) if isinstance(value, tuple) else value.detach() for key, value in entries.items()}
     return _new_tensordict(views, batch_size=batch_size, device=device)
-
-
-def _storage_uses(tensor: Tensor) -> int:
-    return _USE_COUNT(tensor.untyped_storage()._cdata)
 
 
 # torch's private count of a storage's references: without it, every batch gets new storage.
