@@ -13,10 +13,9 @@ one module and one :class:`Backend` here.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -162,7 +161,7 @@ class Thread(Backend):
                 built,
                 acting_policy,
                 # The trainer's batch, those waiting in ready and the one being filled: storage written again.
-                dataclasses.replace(spec, batch_slots=prefetch + 2),
+                replace(spec, batch_slots=prefetch + 2),
                 owns_envs=owns_envs,
                 owned=acting_policy is not policy,
                 device=device,
