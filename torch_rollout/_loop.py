@@ -124,11 +124,7 @@ class RolloutLoop:
             loop_keys = {**LOOP_KEYS, "is_init": np.bool_}
             initial_state = spec.initial_state[env_offset : env_offset + self.num_envs].to(device).clone()
         self.acting = Acting(
-            forward,
-            device=device,
-            obs_key=self.obs_key,
-            next_obs_key=self.next_obs_key,
-            initial_state=initial_state,
+            forward, device=device, obs_key=self.obs_key, next_obs_key=self.next_obs_key, initial_state=initial_state
         )
         if initial_state is not None:
             self.recurrent = RecurrentState(initial_state, device=device, on_device=self.on_device)
@@ -166,9 +162,8 @@ class RolloutLoop:
     def release(self) -> None:
         """Drops the driver, the envs and the rows acted ahead, once the loop has stopped for good.
 
-        The loop and its driver refer to each other (the driver reports NaNs through the loop, rows read the
-        loop's spaces): without this, the envs would wait in that cycle for the garbage collector, which may run
-        in a child process forked meanwhile, where freeing an EnvPool crashes it.
+        The driver reports NaNs through the loop: without this, the envs would wait in that cycle for the garbage
+        collector, which may run in a child process forked meanwhile, where freeing an EnvPool crashes it.
         """
         self.driver = self.envs = self.infos = self.acting = self.ring = None
         self.buffers = deque()
@@ -354,19 +349,10 @@ class RolloutLoop:
 
         Rows are counted per env since the reset; ``buffers[0]`` starts at row ``first_row``.
         """
-        T, N = self.num_steps, self.num_envs
         offset = rows - self.first_row  # >= 0: every env is past the batches delivered
-        last = int(offset.max()) // T
-        while allocate and len(self.buffers) <= last:
+        while allocate and len(self.buffers) <= int(offset.max()) // self.num_steps:
             self.buffers.append(self._new_rows(None))
-        if int(offset.min()) // T == last:
-            return [(self.buffers[last], None, (offset - last * T) * N + ids)]
-        batch = offset // T
-        found = []
-        for b in np.unique(batch).tolist():
-            sel = np.flatnonzero(batch == b)
-            found.append((self.buffers[b], sel, (offset[sel] - b * T) * N + ids[sel]))
-        return found
+        return [(self.buffers[b], sel, flat) for b, sel, flat in _places(ids, offset, self.num_steps, self.num_envs)]
 
     # -- the batch's end: bootstrap values and next observations ---------------------------------
 
@@ -425,9 +411,8 @@ class RolloutLoop:
         found = first_non_finite(action.detach().cpu().numpy())
         if found is not None:
             env, value = found
-            if ids is None:
-                self._raise_non_finite("action", env, value, "the policy", self.row)
-            self._raise_non_finite("action", int(ids[env]), value, "the policy", None)
+            row = self.row if ids is None else None
+            self._raise_non_finite("action", env if ids is None else int(ids[env]), value, "the policy", row)
 
     def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
         where = None if t is None else ((self.batches - 1) * self.num_steps + t, t, self.batches - 1)
@@ -448,6 +433,19 @@ def _fill_next(
     elif dense is not None:
         mask, obs, _ = dense
         rows.copy_(where_rows(mask.to(device), obs.to(device), rows))
+
+
+def _places(ids: np.ndarray, offset: np.ndarray, T: int, N: int) -> list[tuple[int, np.ndarray | None, np.ndarray]]:
+    """``(batch, which of ids or None for all, flat index t * N + j)`` of env ``ids[i]``'s row ``offset[i]``."""
+    last = int(offset.max()) // T
+    if int(offset.min()) // T == last:
+        return [(last, None, (offset - last * T) * N + ids)]
+    batch = offset // T
+    found = []
+    for b in np.unique(batch).tolist():
+        sel = np.flatnonzero(batch == b)
+        found.append((b, sel, (offset[sel] - b * T) * N + ids[sel]))
+    return found
 
 
 def _non_finite_error(name: str, env: int, value: Any, call: str, where: tuple[int, int, int] | None) -> ValueError:

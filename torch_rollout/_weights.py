@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-__all__ = ["acting_copy", "check_policy_device", "check_same_structure", "named_weights"]
+__all__ = ["acting_copy", "check_policy_device", "check_same_structure", "named_weights", "weight_pairs"]
 
 
 def named_weights(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -76,3 +76,17 @@ def check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: st
             f"Collector: the policy's parameter {name!r} {problem}; the copy follows replaced parameters of the "
             "same shape only: create a new Collector after changing the policy's structure"
         )
+
+
+def weight_pairs(policy: nn.Module, dst: dict[str, Tensor] | None, why: str) -> tuple[list[Tensor], list[Tensor]]:
+    """The acting copy's tensors ``dst`` and the policy's current ones of the same names, to copy in that order.
+
+    Pairing by name on every refresh follows tensors the trainer replaced
+    (``load_state_dict(assign=True)``, a new submodule); a change of names or
+    shapes raises before anything is copied. ``dst`` None: no copy (an empty refresh).
+    """
+    if dst is None:
+        return [], []
+    src = dict(named_weights(policy))
+    check_same_structure(src, dst, why)
+    return [dst[name] for name in src], list(src.values())

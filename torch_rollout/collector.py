@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import math
 import threading
 import time
 import weakref
@@ -15,8 +14,9 @@ import gymnasium
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
-from torch import Tensor, nn
+from torch import nn
 
+from torch_rollout._checkpoint import Progress
 from torch_rollout._compile import check_compile_policy
 from torch_rollout._devices import indexed
 from torch_rollout._envs import split_envs
@@ -25,7 +25,7 @@ from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
 from torch_rollout._warnings import warn
-from torch_rollout._weights import check_same_structure, named_weights
+from torch_rollout._weights import weight_pairs
 from torch_rollout.gae import GAE, add_advantages
 
 __all__ = ["Collector"]
@@ -84,13 +84,9 @@ class Collector:
     ``keys=BatchKeys(next_obs=True)``, ``next_obs`` (the true next observation:
     at an episode end the final one).
 
-    The whole contract (keys, autoreset modes, bootstrapping, acting mode,
-    policy lag, errors) is in ``docs/contract.md``; placements in
-    ``docs/placements.md``, env kinds (EnvPool, double-buffering) in
-    ``docs/envs.md``, infos in ``docs/infos.md``, recurrent policies in
-    ``docs/recurrent.md``, compiled acting in ``docs/compile.md``, checkpoints
-    in ``docs/checkpoints.md``, one collector per data-parallel rank in
-    ``docs/data-parallel.md``.
+    The whole contract (keys, autoreset modes, bootstrapping, acting mode, policy lag, errors) is in
+    ``docs/contract.md``; ``docs/`` has a page each on placements, env kinds (EnvPool, double-buffering),
+    infos, recurrent policies, compiled acting, checkpoints and data-parallel ranks.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
@@ -252,39 +248,22 @@ class Collector:
         self.envs = self._placement.envs
         self.autoreset_mode = self._placement.autoreset_mode
         self.total_timesteps = total_timesteps
-        self._num_batches = None if total_timesteps is None else math.ceil(total_timesteps / (num_steps * num_envs))
-        self._delivered = 0  # batches delivered, by earlier collectors (a resumed state's) included
-        self._resumed = 0  # of which earlier collectors delivered
+        self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
-        self._driven = self._claim(envs) if isinstance(envs, VectorEnv) else None
+        self._driven = _claim(envs, self) if isinstance(envs, VectorEnv) else None
         self.seed = seeding
-        self._starts = 1  # collectors over this seed stream, this one included (load_state_dict continues it)
         self.closed = False
         _live.add(self)
         # Nothing is collected before iter() or next(): until then load_state_dict() may still reseed the envs.
         self._placement.start()
 
-    def _claim(self, envs: VectorEnv) -> int:
-        """Records this collector as the one stepping ``envs`` (wrappers included); refuses a second one."""
-        key = id(envs.unwrapped)
-        with _drivers_lock:
-            other = _drivers.get(key)
-            if other is not None:
-                raise ValueError(
-                    f"Collector: envs is already driven by another open {other!r}; two collectors stepping one "
-                    "vector env corrupt each other's trajectories: close that one first (close() or a with block) "
-                    "or give each collector its own vector env"
-                )
-            _drivers[key] = self
-        return key
-
     # -- iteration -------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[TensorDict]:
-        if self._error is None and self._num_batches is not None and self._delivered >= self._num_batches:
+        if self._error is None and self._progress.finished:
             # A second `for` over a finished collector would silently train on nothing.
             raise RuntimeError(
-                f"Collector: cannot iterate again: the collector already delivered all {self._num_batches} batches "
+                f"Collector: cannot iterate again: the collector already delivered all {self._progress.total} batches "
                 f"of total_timesteps={self.total_timesteps}; create a new Collector"
             )
         if not self.closed and self._error is None:
@@ -297,13 +276,11 @@ class Collector:
                 "Collector: cannot iterate after the background collection failed with "
                 f"{type(self._error).__name__}: {self._error}; create a new Collector"
             )
-        if self.closed:
-            if self._num_batches is not None and self._delivered >= self._num_batches:
-                raise StopIteration
-            raise RuntimeError("Collector: cannot iterate a closed collector; create a new Collector")
-        if self._num_batches is not None and self._delivered >= self._num_batches:
+        if self._progress.finished:
             self.close()
             raise StopIteration
+        if self.closed:
+            raise RuntimeError("Collector: cannot iterate a closed collector; create a new Collector")
         # Ctrl-C can land anywhere in here; a later call then picks up where this one stopped.
         self.update_policy()
         self._request(ahead=self.prefetch + 1)
@@ -317,7 +294,7 @@ class Collector:
                 add_advantages(batch, self.gae)
                 # From here to the return no call is made, so no signal handler runs: the batch cannot be lost.
                 del ready[0]
-                self._delivered += 1
+                self._progress.delivered += 1
                 return batch
         else:
             error = TimeoutError(
@@ -337,17 +314,13 @@ class Collector:
         made again, so collection never runs more than ``prefetch`` batches ahead.
         """
         # The placement counts its own requests; batches of earlier collectors (load_state_dict) are not its.
-        wanted = self._delivered - self._resumed + ahead
-        if self._num_batches is not None:
-            wanted = min(wanted, self._num_batches - self._resumed)
+        wanted = self._progress.wanted(ahead)
         while self._placement.requested < wanted:
             self._placement.request()
 
     def __len__(self) -> int:
         """Batches this collector delivers in all: those of ``total_timesteps`` left after a resumed state's."""
-        if self._num_batches is None:
-            raise TypeError("Collector: len() needs total_timesteps; this collector is endless")
-        return max(0, self._num_batches - self._resumed)
+        return self._progress.left()
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -362,23 +335,9 @@ class Collector:
         Called automatically each time the next batch is requested. Call it
         yourself after an update that happens in the middle of an iteration.
         """
-        dst, src = self._weight_pairs()
+        dst, src = weight_pairs(self.policy, self._placement.weights, self._copy_reason)
         with torch.no_grad():
             self._placement.refresh(dst, src)
-
-    def _weight_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
-        """The acting copy's tensors and the policy's current ones of the same names, to copy in that order.
-
-        Pairing by name on every refresh follows tensors the trainer replaced
-        (``load_state_dict(assign=True)``, a new submodule); a change of names or
-        shapes raises before anything is copied.
-        """
-        dst = self._placement.weights
-        if dst is None:
-            return [], []
-        src = dict(named_weights(self.policy))
-        check_same_structure(src, dst, self._copy_reason)
-        return [dst[name] for name in src], list(src.values())
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -397,18 +356,7 @@ class Collector:
         the batches collected ahead but not delivered) are lost, and a resumed
         collector starts every env on a new episode.
         """
-        seed = Seed(0).resolved() if self.seed is None else self.seed  # unseeded: the rank, for the record
-        return {
-            "batches": self._delivered,
-            "env_steps": self._delivered * self.num_steps * self.num_envs,
-            "policy_version": self.policy_version,
-            "seed": None if self.seed is None else seed.value,
-            "rank": seed.rank,
-            "world_size": seed.world_size,
-            "starts": self._starts + self._placement.extra_starts,
-            "num_steps": self.num_steps,
-            "num_envs": self.num_envs,
-        }
+        return self._progress.state(self.policy_version, self.seed, self._placement.extra_starts)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Carries on from the :meth:`state_dict` of an earlier collector; call it before iterating.
@@ -436,17 +384,15 @@ class Collector:
         """
         if self.closed:
             raise RuntimeError("Collector.load_state_dict: the collector is closed; create a new Collector")
-        if self._delivered or self._placement.requested:
+        if self._progress.delivered or self._placement.requested:
             raise RuntimeError(
                 "Collector.load_state_dict: must be called before iterating (this collector has started "
                 "collecting); create a new Collector and load the state into it before iter() or next()"
             )
-        _check_state(state, self.num_steps, self.num_envs, self.seed)
+        env_seed = self._progress.resume(state, self.seed)
         self._placement.set_version(state["policy_version"])
-        self._delivered = self._resumed = state["batches"]
-        self._starts = state["starts"] + 1
-        if self.seed is not None:
-            self._placement.reseed(self.seed.env_seed(0, num_envs=self.num_envs, start=state["starts"]))
+        if env_seed is not None:
+            self._placement.reseed(env_seed)
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -464,9 +410,7 @@ class Collector:
         if self.closed:
             return
         self.closed = True
-        with _drivers_lock:
-            if self._driven is not None and _drivers.get(self._driven) is self:
-                del _drivers[self._driven]
+        _release(self._driven, self)
         stuck = self._placement.close(join_timeout)
         if stuck is not None:
             when = "at interpreter exit " if at_exit else ""
@@ -495,53 +439,26 @@ class Collector:
         )
 
 
-def _check_state(state: Any, num_steps: int, num_envs: int, seed: Seed | None) -> None:
-    """Refuses what is not a :meth:`Collector.state_dict` of a collector with this batch size and seed stream."""
-    keys = ("batches", "policy_version", "starts", "num_steps", "num_envs")
-    optional = {"rank": 0, "world_size": 1}  # absent from the states of earlier releases: one rank
-    if (
-        not isinstance(state, Mapping)
-        or any(not isinstance(state.get(k), int) for k in keys)
-        or any(not isinstance(state.get(k, default), int) for k, default in optional.items())
-    ):
-        raise ValueError(
-            f"Collector.load_state_dict: expected the dict of Collector.state_dict() with int entries "
-            f"{list(keys)} (and {list(optional)}), got {state!r}"
-        )
-    saved, now = state["num_steps"] * state["num_envs"], num_steps * num_envs
-    if saved != now:
-        raise ValueError(
-            f"Collector.load_state_dict: the state counts batches of num_steps * num_envs = "
-            f"{state['num_steps']} * {state['num_envs']} = {saved} env steps, this collector's are "
-            f"{num_steps} * {num_envs} = {now}; resume with the same batch size"
-        )
-    if seed is not None and state.get("seed") is not None:
-        _check_same_stream(state["seed"], seed)
-        _check_same_rank(state.get("rank", 0), state.get("world_size", 1), seed)
+def _claim(envs: VectorEnv, collector: Collector) -> int:
+    """Records ``collector`` as the one stepping ``envs`` (wrappers included); refuses a second one."""
+    key = id(envs.unwrapped)
+    with _drivers_lock:
+        other = _drivers.get(key)
+        if other is not None:
+            raise ValueError(
+                f"Collector: envs is already driven by another open {other!r}; two collectors stepping one "
+                "vector env corrupt each other's trajectories: close that one first (close() or a with block) "
+                "or give each collector its own vector env"
+            )
+        _drivers[key] = collector
+    return key
 
 
-def _check_same_stream(value: Any, seed: Seed) -> None:
-    """Refuses a state saved with another seed value: its ``starts`` count parts of another stream."""
-    if value != seed.value:
-        raise ValueError(
-            f"Collector.load_state_dict: the state was saved by a collector with seed={value!r}, but this collector "
-            f"has seed={seed.value} ({seed}); its count of starts belongs to that seed stream, so resuming on another "
-            f"could reset envs with seeds the saved run or another rank already used: resume with the saved run's "
-            f"seed (seed=torch_rollout.Seed({value!r}, rank={seed.rank}, world_size={seed.world_size})), or, to "
-            "begin another seed stream on purpose, load the state with its 'seed' entry set to None"
-        )
-
-
-def _check_same_rank(rank: int, world_size: int, seed: Seed) -> None:
-    """Refuses a state saved by another rank or world size: its seed stream would meet another rank's."""
-    if (rank, world_size) != (seed.rank, seed.world_size):
-        raise ValueError(
-            f"Collector.load_state_dict: the state was saved by rank {rank} of world_size {world_size}, but this "
-            f"collector is rank {seed.rank} of world_size {seed.world_size} ({seed}); the seed stream is keyed by "
-            "both, so it would replay episodes of another rank: resume with the same seeding as the saved run, "
-            f"the same number of ranks each loading its own rank's state (or seed=torch_rollout.Seed({seed.value}, "
-            f"rank={rank}, world_size={world_size}))"
-        )
+def _release(key: int | None, collector: Collector) -> None:
+    """Forgets ``collector`` as the one stepping the envs of ``key`` (``_claim``'s), if it still is."""
+    with _drivers_lock:
+        if key is not None and _drivers.get(key) is collector:
+            del _drivers[key]
 
 
 def _check_options(num_steps: Any, prefetch: Any, total_timesteps: Any, gae: Any, keys: Any, timeout: Any) -> None:
