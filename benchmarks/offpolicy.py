@@ -12,7 +12,9 @@ simulator), with a 64x64 Q-network acting greedily, every system writes the same
   observations patched in from ``infos["final_obs"]``), FastTD3-style for the torch envs
   (``torch.where(ended, final_obs, next_obs)`` on the device), then the ring write;
 - ``Collector(envs, q, num_steps=T, gae=None, keys=BatchKeys(next_obs=True), backend="thread")``
-  with ``prefetch=0`` and ``prefetch=1``, each batch written into the ring;
+  with ``prefetch=0`` and ``prefetch=1``, the ring's five keys of each batch (``batch[key].flatten(0, 1)``)
+  written into the ring; and with ``prefetch=0`` once more through ``batch.reshape(-1)`` (every key
+  of the batch reshaped, then the five written), the cost of that idiom at these shapes;
 - TorchRL's ``Collector`` (``frames_per_batch=N*T``) feeding its ``ReplayBuffer``
   (``LazyTensorStorage``) with ``extend``, on the same envs (the NumPy envs through ``GymWrapper``,
   the torch envs through the ``EnvBase`` adapter of ``torch_envs.py``), if torchrl is installed;
@@ -34,7 +36,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import logging
 import os
 import statistics
 import sys
@@ -64,6 +65,7 @@ SHAPES = (
 FRAMES_PER_UNIT = 1024  # a timed unit is whole batches of at least this many frames
 RING_FRAMES = 1 << 20  # transitions the ring holds (rounded down to whole batches)
 OBS_DIM, N_ACTIONS = 4, 2
+RING_KEYS = ("obs", "action", "reward", "next_obs", "terminated")  # in the order of Ring.write
 
 
 class QNetwork(nn.Module):
@@ -180,12 +182,15 @@ class HandLoop:
 
 
 class Collecting:
-    """The collector on the same envs, ``prefetch`` batches ahead, each batch's rows written into the ring."""
+    """The collector on the same envs, ``prefetch`` batches ahead, each batch's rows written into the ring.
 
-    def __init__(self, shape: _Shape, prefetch: int) -> None:
+    ``whole``: the rows taken as ``batch.reshape(-1)`` (a TensorDict of every key), not key by key.
+    """
+
+    def __init__(self, shape: _Shape, prefetch: int, whole: bool = False) -> None:
         from torch_rollout import BatchKeys, Collector
 
-        self.shape, self.envs = shape, shape.envs()
+        self.shape, self.envs, self.whole = shape, shape.envs(), whole
         self.ring = Ring(shape.batch_frames, shape.device)
         self.collector = Collector(
             self.envs,
@@ -202,8 +207,12 @@ class Collecting:
 
     def step(self) -> int:
         for _ in range(self.shape.batches):
-            rows = next(self.batches).reshape(-1)  # [T * N]
-            self.ring.write(rows["obs"], rows["action"], rows["reward"], rows["next_obs"], rows["terminated"])
+            batch = next(self.batches)
+            if self.whole:
+                batch = batch.reshape(-1)  # [T * N], every key
+                self.ring.write(*(batch[key] for key in RING_KEYS))
+            else:
+                self.ring.write(*(batch[key].flatten(0, 1) for key in RING_KEYS))  # [T * N] of each
         return self.shape.done()
 
     def close(self) -> None:
@@ -289,6 +298,7 @@ def factories(
         "hand loop": functools.partial(HandLoop, shape),
         "collector, prefetch=0": functools.partial(Collecting, shape, 0),
         "collector, prefetch=1": functools.partial(Collecting, shape, 1),
+        "collector, prefetch=0, batch.reshape(-1)": functools.partial(Collecting, shape, 0, True),
     }
     if torchrl and importlib.util.find_spec("torchrl") is not None and shape.device.type == "cpu":
         systems["TorchRL Collector + ReplayBuffer"] = functools.partial(TorchRL, shape)
@@ -329,6 +339,7 @@ def to_markdown(results: list[dict[str, Any]]) -> str:
         "hand loop",
         "collector, prefetch=0",
         "collector, prefetch=1",
+        "collector, prefetch=0, batch.reshape(-1)",
         "TorchRL Collector + ReplayBuffer",
         "env alone",
         "policy alone",
@@ -361,7 +372,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the torch envs, policy and ring live (cuda: torch only)")
     args = parser.parse_args()
     quiet_warnings()
-    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its INFO lines would land among the tables
+    # Its INFO lines would land among the tables: torchrl sets its logger's level from this when imported.
+    os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
     repeats = args.repeats or (1 if args.quick else 3)
     units = args.units or (2 if args.quick else 4)
     shapes = [s for s in SHAPES if args.device == "cpu" or s[0] == "torch"]
