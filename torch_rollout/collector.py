@@ -84,9 +84,10 @@ class Collector:
     ``keys=BatchKeys(next_obs=True)``, ``next_obs`` (the true next observation:
     at an episode end the final one).
 
-    The whole contract (keys, autoreset modes, bootstrapping, acting mode, policy lag, errors) is in
-    ``docs/contract.md``; ``docs/`` has a page each on placements, env kinds (EnvPool, double-buffering),
-    infos, recurrent policies, compiled acting, checkpoints and data-parallel ranks.
+    The whole contract (keys, autoreset modes, bootstrapping, acting mode,
+    policy lag, errors) is in ``docs/contract.md``; ``docs/`` has a page each
+    on placements, env kinds (EnvPool, double-buffering), infos, recurrent
+    policies, compiled acting, checkpoints and data-parallel ranks.
 
     Args:
         envs: a :class:`gymnasium.vector.VectorEnv` in any autoreset mode (thread only),
