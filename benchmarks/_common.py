@@ -7,6 +7,8 @@ import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -267,3 +269,19 @@ def write_json(name: str, payload: Mapping[str, Any]) -> Path:
 
     path.write_text(json.dumps(clean(dict(payload)), indent=2) + "\n")
     return path
+
+
+def run_worker(
+    script: str, args: Sequence[str], *, what: str, env: Mapping[str, str], timeout: float
+) -> dict[str, Any]:
+    """Runs ``script`` with ``args`` in a fresh interpreter; returns the last JSON line it printed.
+
+    ``what`` names the worker in the error raised when it fails or prints no JSON (with the end of its stderr).
+    """
+    proc = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=timeout, env=dict(env)
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])

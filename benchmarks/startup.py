@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -96,20 +94,14 @@ def worker(setting: str, out: str) -> dict[str, Any]:
 
 
 def _run_worker(setting: str) -> dict[str, Any]:
+    from _common import run_worker
+
     with tempfile.TemporaryDirectory() as out:
         load = os.getloadavg()[0]
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        proc = subprocess.run(
-            [sys.executable, __file__, "--worker", setting, "--out", out],
-            capture_output=True,
-            text=True,
-            timeout=_WORKER_TIMEOUT_S,
-            env=env,
-        )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"startup worker {setting} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {**json.loads(lines[-1]), "load": load}
+        args = ["--worker", setting, "--out", out]
+        sample = run_worker(__file__, args, what=f"startup worker {setting}", env=env, timeout=_WORKER_TIMEOUT_S)
+    return {**sample, "load": load}
 
 
 def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:

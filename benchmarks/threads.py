@@ -22,13 +22,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, write_json
+from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, run_worker, write_json
 
 __all__ = ["run", "to_markdown", "SETTINGS"]
 
@@ -80,17 +78,8 @@ def worker(setting: str, timed: int, seed: int = 0) -> dict[str, Any]:
 def _run_worker(setting: str, timed: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env["PYTHONWARNINGS"] = "ignore"
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", setting, "--timed", str(timed)],
-        capture_output=True,
-        text=True,
-        timeout=_WORKER_TIMEOUT_S,
-        env=env,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"threads worker {setting} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    args = ["--worker", setting, "--timed", str(timed)]
+    return run_worker(__file__, args, what=f"threads worker {setting}", env=env, timeout=_WORKER_TIMEOUT_S)
 
 
 def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
