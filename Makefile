@@ -1,4 +1,5 @@
 # `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
+# `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
 # Both create .venv and install everything on first use (and again when setup.cfg changes).
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test lint clean
+.PHONY: run test test-quick lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ run: $(VENV)/.installed
 
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+test-quick: lint
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
 
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -1,5 +1,5 @@
-"""Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, SIGINT caught, and the
-tests shared among pytest-xdist's workers by file, with every Ray test in one worker."""
+"""Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, SIGINT caught, the
+tests shared among pytest-xdist's workers by file, with every Ray test in one worker, and ``--without-ray``."""
 
 from __future__ import annotations
 
@@ -122,6 +122,27 @@ def xdist_scope(nodeid: str) -> str:
     if path == "tests/test_ray.py" or _RAY_ID.search(nodeid):
         return RAY_GROUP
     return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--without-ray",
+        action="store_true",
+        help="deselect the Ray tests (tests/test_ray.py and every test on the Ray placement), most of the suite's "
+        "CPU: `make test-quick`, a check before each commit; `make test` and CI run them",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--without-ray"):
+        items[:], ray = without_ray(items)
+        config.hook.pytest_deselected(items=ray)
+
+
+def without_ray(items: list[pytest.Item]) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """``(the items that do not start Ray actors, the Ray tests)``, each in the order of ``items``."""
+    ray = [item for item in items if xdist_scope(item.nodeid) == RAY_GROUP]
+    return [item for item in items if xdist_scope(item.nodeid) != RAY_GROUP], ray
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
-from conftest import RAY_GROUP, _on_ray, xdist_scope
+from conftest import RAY_GROUP, _on_ray, pytest_collection_modifyitems, xdist_scope
 
 from placements import PLACEMENTS
 
@@ -32,3 +34,26 @@ def test_the_collected_tests_go_to_the_ray_group_exactly_when_they_run_on_ray(re
         if (xdist_scope(item.nodeid) == RAY_GROUP) != (_on_ray(item) or item.nodeid.startswith("tests/test_ray.py::"))
     ]
     assert wrong == []
+
+
+@pytest.mark.parametrize("without_ray", [True, False])
+def test_without_ray_deselects_the_ray_group_and_keeps_the_order_of_the_rest(without_ray):
+    ids = [
+        "tests/test_x.py::test_y[thread]",
+        "tests/test_x.py::test_y[ray2]",
+        "tests/test_ray.py::test_z",
+        "tests/test_x.py::test_w[prefetch1-ray2]",
+        "tests/test_x.py::test_w[prefetch1-process2]",
+    ]
+    items = [SimpleNamespace(nodeid=nodeid) for nodeid in ids]
+    deselected = []
+    config = SimpleNamespace(
+        getoption=lambda name: {"--without-ray": without_ray}[name],
+        hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
+    )
+    pytest_collection_modifyitems(config, items)
+    if without_ray:
+        assert [item.nodeid for item in items] == [ids[0], ids[4]]
+        assert [item.nodeid for item in deselected] == ids[1:4]
+    else:
+        assert [item.nodeid for item in items] == ids and deselected == []
