@@ -114,6 +114,13 @@ class _LocalPlacement:
         # Before the first request: the loop has not touched the envs yet; its first batch resets them.
         self.loop.reseed(seed)
 
+    def _release(self) -> None:
+        """Closes the envs it owns and frees the loop, once it has stopped for good."""
+        if self.owns_envs:
+            self.envs.close()
+        # Nothing may keep the envs in a reference cycle (see RolloutLoop.release): freed now, not by gc.
+        self.loop.release()
+
 
 class ThreadPlacement(_LocalPlacement):
     """Runs a :class:`RolloutLoop` on a daemon thread; right for GPU policies and envs that step outside the GIL.
@@ -232,11 +239,8 @@ class ThreadPlacement(_LocalPlacement):
         with self._exit_lock:
             self._abandoned = not self._exited
             stopped = self._exited
-        if stopped and self.owns_envs:
-            self.envs.close()
         if stopped:
-            # Nothing may keep the envs in a reference cycle (see RolloutLoop.release): freed now, not by gc.
-            self.loop.release()
+            self._release()
         if stopped or on_own_thread or join_timeout <= 0:
             return None
         return self._stuck_in()
@@ -318,11 +322,6 @@ class InlinePlacement(_LocalPlacement):
         if not busy:
             self._release()
         return None
-
-    def _release(self) -> None:
-        if self.owns_envs:
-            self.envs.close()
-        self.loop.release()
 
 
 _CLOSED = "Collector: closed from another thread while a batch was collected; create a new Collector"
