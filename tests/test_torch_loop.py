@@ -25,6 +25,7 @@ from torch_rollout import BatchKeys, Collector
 from torch_rollout.envs import CartPole, FromRslRl, Pendulum
 
 from placements import PLACEMENTS, local_ray, on_ray
+from rowwise import RowwiseLinear
 
 T, N = 7, 6  # T is prime to the time limit below: episode ends fall on batch boundaries too
 MAX_STEPS = 9
@@ -89,12 +90,16 @@ class NumpyView(VectorEnv):
 
 
 class LinearPolicy(nn.Module):
-    """A deterministic policy of the observation: actions and values from one seeded linear layer."""
+    """A deterministic policy of the observation: actions and values from one seeded linear layer.
+
+    Its layer computes each row alone (RowwiseLinear): the same floats whatever rows a call has, so that the
+    batches of two placements or of two ways to value final observations are compared bit for bit on any CPU.
+    """
 
     def __init__(self, obs_dim: int = 4, continuous: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.layer = nn.Linear(obs_dim, 2)
+        self.layer = RowwiseLinear(obs_dim, 2)
         self.continuous = continuous
 
     def forward(self, obs: torch.Tensor) -> dict:
@@ -558,10 +563,24 @@ class GroupPolicy(nn.Module):
         return {"action": self.actor(obs["policy"]), "value": self.critic(obs["critic"])}
 
 
+class CountingGroupPolicy(GroupPolicy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []  # the rows of each call
+
+    def forward(self, obs: TensorDict) -> dict:
+        self.rows.append(obs.batch_size[0])
+        return super().forward(obs)
+
+
 @pytest.mark.parametrize("bootstrap", ["last_obs", "none"])
 def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
+    """V(s_t) bootstraps reuse the row's own value: equal to it bit for bit on any CPU, and no call of their own."""
     keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
-    batches = collect(FromRslRl(RslRlCartPole(N), bootstrap=bootstrap), GroupPolicy(), seed=None, keys=keys)
+    policy = CountingGroupPolicy()
+    batches = collect(FromRslRl(RslRlCartPole(N), bootstrap=bootstrap), policy, seed=None, keys=keys, prefetch=0)
+    # One forward of N rows a step, and one after each batch (the next batch's first observations): none for ends.
+    assert policy.rows == [N] * (len(batches) * (T + 1))
     batch = torch.cat(batches)
     going_on = ~batch["done"][:-1]  # Dict observations: the next row's, where no episode ended
     assert (batch["next_obs"][:-1][going_on] == batch["obs"][1:][going_on]).all()

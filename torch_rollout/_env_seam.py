@@ -60,6 +60,10 @@ class StepRecord:
         final: the observations that ended episodes, where the env returned them apart from
             ``obs`` (SAME_STEP, DISABLED): dense rows for the device driver, ``(index, rows)`` of the
             envs that ended for the host drivers; None when no episode ended or ``obs`` holds them.
+        own_final: the envs whose episode ended with the observation they acted on as its final one,
+            where the env keeps no true final observation (an rsl_rl-style env's approximations):
+            their rows' ``next_obs`` and ``next_value`` are the rows' own ``obs`` and ``value``, never
+            recomputed. None: no such env (device driver only).
         info: the step's infos as the env returned them.
     """
 
@@ -75,6 +79,7 @@ class StepRecord:
     episode_length: PerEnv | None = None
     is_init: PerEnv | None = None
     final: tuple[np.ndarray, Observations] | Observations | None = None
+    own_final: Tensor | None = None
     info: Mapping[str, Any] | None = None
 
 

@@ -247,7 +247,7 @@ class RolloutLoop:
             head = self.buffers[0]
             self._learn_infos(record)
             head.put_results(t, record)
-            if record.final is not None:
+            if record.final is not None or record.own_final is not None:
                 head.put_final(t, record, None if self.recurrent is None else self.recurrent.carried)
             return
         # The rows these results end: the ones acted on last, read before acting on the next.
@@ -367,19 +367,26 @@ class RolloutLoop:
                 dense = head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
             else:
                 finals = head.gather_finals(self.device)
+        own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
         if self.next_obs_key is not None:
             next_obs = head.entry(batch, self.next_obs_key)
+            obs = head.entry(batch, self.obs_key)
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
-            _fill_next(next_obs, head.entry(batch, self.obs_key), last, finals, dense)
+            _fill_next(next_obs, obs, last, finals, dense)
+            if own is not None:
+                next_obs.copy_(where_rows(own.to(next_obs.device), obs, next_obs))
         if self.outputs.has_value:
             key = self.outputs.value_key
+            value = head.entry(batch, key)
             last = ahead.outputs[key][0] if ahead is not None else self._last_value()
             next_value = head.entry(batch, "next_value")
-            _fill_next(next_value, head.entry(batch, key), last, None, None)
+            _fill_next(next_value, value, last, None, None)
             if finals is not None:  # the value of each final observation, not of the reset one after it
                 self.acting.write_final_values(next_value, finals, self.num_envs)
             elif dense is not None:
                 self.acting.write_dense_final_values(next_value, dense)
+            if own is not None:
+                next_value.copy_(where_rows(own.to(next_value.device), value, next_value))
         return batch
 
     def _waiting_obs(self, device: torch.device) -> Obs:

@@ -330,6 +330,10 @@ class HostRows(_Rows):
             states = torch.cat([states for *_, states in self.finals])
         return torch.from_numpy(ts), torch.from_numpy(envs), obs, states
 
+    def own_finals(self) -> None:
+        """None: host drivers' envs always return a final observation apart (see ``DeviceRows.own_finals``)."""
+        return None
+
     # -- the batch -------------------------------------------------------------------------------
 
     def first_obs(self) -> Obs:
@@ -391,6 +395,8 @@ class DeviceRows(_Rows):
         self.final_mask: Tensor | None = None
         self.final_states: TensorDictBase | None = None
         self.ended = False  # an episode ended in this batch: final_mask holds it
+        self.own_mask: Tensor | None = None  # [T, N]: episodes whose final observation is the row's own
+        self.owned = False  # own_mask was written in this batch
 
     def put_obs(self, index: int, obs: Any) -> Obs:
         _write_row(self.obs_rows, self.obs, index, obs)
@@ -423,8 +429,16 @@ class DeviceRows(_Rows):
             infos.record(self.info, index, record.info, record.done, record.mask)
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
+        own = record.own_final
+        if own is not None:
+            if self.own_mask is None:
+                self.own_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=self.store)
+            copy_into(self.own_mask[t], own)
+            self.owned = True
+        if record.final is None:
+            return
         device = self.layout.device
-        final, done = record.final, record.done
+        final, done = record.final, record.done if own is None else record.done & ~own
         if self.final_obs is None:
             # Zeroed: a batch valued densely (see dense_finals) calls the policy on rows no episode ended at too.
             self.final_obs = empty_obs(self.layout.obs_space, (self.T, self.N), device=device).zero_()
@@ -450,6 +464,11 @@ class DeviceRows(_Rows):
             return None
         return self.final_mask, self.final_obs, self.final_states
 
+    def own_finals(self) -> Tensor | None:
+        """The ``[T, N]`` mask of the episodes whose final observation is their row's own (on the storage
+        device), whose ``next_obs`` and ``next_value`` are the row's ``obs`` and ``value``; or None."""
+        return self.own_mask if self.owned else None
+
     def first_obs(self) -> Obs:
         return self.obs[0]
 
@@ -459,6 +478,9 @@ class DeviceRows(_Rows):
         if self.ended:
             self.final_mask.zero_()
             self.ended = False
+        if self.owned:
+            self.own_mask.zero_()
+            self.owned = False
 
     def assemble(self, outputs: OutputLayout) -> TensorDict:
         if self.out is not None:

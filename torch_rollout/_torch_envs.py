@@ -29,10 +29,14 @@ from torch_rollout._infos import TensorInfoRecorder
 from torch_rollout._numpy_envs import NonFinite
 from torch_rollout._spaces import check_action_space, check_obs_space
 
-__all__ = ["TorchEnvs", "presents_torch"]
+__all__ = ["OWN_FINAL_KEY", "TorchEnvs", "presents_torch"]
 
 # Where SAME_STEP envs put the observation that ended an episode: gymnasium's name, then ManiSkill3's.
 _FINAL_OBS_KEYS = ("final_obs", "final_observation")
+# A SAME_STEP env that keeps no final observation may mark, as a [N] bool tensor in its step infos, the envs
+# whose episode the observation they acted on ends (FromRslRl's approximations): those rows bootstrap from
+# their own value, reused rather than recomputed, so exactly V(s_t) on any CPU.
+OWN_FINAL_KEY = "final_obs_is_obs"
 
 
 def presents_torch(envs: VectorEnv) -> bool:
@@ -135,20 +139,22 @@ class TorchEnvs:
         ep_return = self.ep_return + reward
         self.ep_return = ep_return.masked_fill(done, 0.0)
         self.ep_length = ep_length.masked_fill(done, 0)
-        final = None
+        final = own = None
         if mode != AutoresetMode.NEXT_STEP:
             if mode == AutoresetMode.SAME_STEP:
+                own = self._own_final(info, done)
+                ended = done if own is None else done & ~own
                 if self.keep_final or self.check_finite:
-                    final = self._final_obs(next_obs, info, done)
-                    if self.check_finite:
-                        self._check_finite(final, "envs.step() in its final observations", where=done)
+                    final = self._final_obs(next_obs, info, ended)
+                    if self.check_finite and final is not None:
+                        self._check_finite(final, "envs.step() in its final observations", where=ended)
             else:
                 final = next_obs  # DISABLED: what the step returned, before the reset
                 self.call = "envs.reset(options={'reset_mask': ...})"
                 next_obs, _ = self.envs.reset(options={"reset_mask": done})
                 next_obs = self._check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
             if not self.keep_final:
-                final = None
+                final = own = None
         return StepRecord(
             obs=next_obs,
             reward=reward,
@@ -160,6 +166,7 @@ class TorchEnvs:
             episode_length=ep_length,
             is_init=is_init,
             final=final,
+            own_final=own,
             info=info,
         )
 
@@ -213,8 +220,18 @@ class TorchEnvs:
             )
         return value.to(dtype)
 
+    def _own_final(self, info: Mapping[str, Any], done: Tensor) -> Tensor | None:
+        """The envs of ``done`` whose final observation is the one they acted on (``infos[OWN_FINAL_KEY]``)."""
+        own = info.get(OWN_FINAL_KEY)
+        if own is None:
+            return None
+        return self._step_tensor(own, f"infos[{OWN_FINAL_KEY!r}]", torch.bool) & done
+
     def _final_obs(self, next_obs: Any, info: Mapping[str, Any], done: Tensor) -> Any:
-        """The observations that ended the episodes of ``done`` (SAME_STEP): from infos, dense over all envs."""
+        """The observations that ended the episodes of ``done`` (SAME_STEP): from infos, dense over all envs.
+
+        None where the infos hold none, which is right only if no env of ``done`` ended (checked at the batch's end).
+        """
         for key in _FINAL_OBS_KEYS:
             final = info.get(key)
             if final is None:
@@ -230,9 +247,8 @@ class TorchEnvs:
                 else {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
             )
             return self._check_obs(stacked, f"envs.step() infos[{key!r}]")
-        # No final observation this step: right only if no env ended, which is checked at the batch's end.
         self.missing_final = done if self.missing_final is None else self.missing_final | done
-        return next_obs
+        return None
 
     def _check_finite(self, value: Any, call: str, *, name: str = "observation", where: Tensor | None = None) -> None:
         """``check_finite=True``: raises naming the first NaN or inf (a host sync: the price of the check)."""

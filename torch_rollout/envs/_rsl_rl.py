@@ -13,6 +13,8 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torch import Tensor
 
+from torch_rollout._torch_envs import OWN_FINAL_KEY
+
 __all__ = ["BOOTSTRAPS", "FromRslRl"]
 
 # What a time-out bootstraps from: the env's final observation, or, where it gives none, an approximation.
@@ -37,7 +39,8 @@ class FromRslRl(VectorEnv):
       it makes the collector raise ``KeyError`` at the batch's end.
     - ``"last_obs"``: from V(s_t), the observation the action was chosen from,
       instead of V(s_t+1) (what rsl_rl's PPO does). Time-outs are ``truncated``
-      rows whose ``next_value`` is this approximation.
+      rows whose ``next_value`` is this approximation: the row's own ``value``,
+      reused (not recomputed), so ``next_value == value`` there exactly.
     - ``"none"``: a time-out ends the episode like a termination (``terminated``
       True, no bootstrap), biasing returns near the time limit down.
 
@@ -123,7 +126,6 @@ class FromRslRl(VectorEnv):
         return self.obs, {}
 
     def step(self, actions: Tensor) -> tuple[Any, Tensor, Tensor, Tensor, dict[str, Any]]:
-        last = self.obs
         result = self.env.step(actions)
         if len(result) != 4:
             raise ValueError(
@@ -140,18 +142,19 @@ class FromRslRl(VectorEnv):
         final = extras.get("final_obs")
         if final is not None:
             final = self._read_final(final)
+        infos: dict[str, Any] = {}
         if final is not None or self.bootstrap == "final_obs":
             terminated, truncated = dones & ~time_outs, time_outs
             marks = torch.zeros_like(dones, dtype=torch.int8)
-        elif self.bootstrap == "last_obs":
-            terminated, truncated = dones & ~time_outs, time_outs
-            marks = time_outs.to(torch.int8)
-            final = last
-        else:
-            terminated, truncated = dones, torch.zeros_like(dones)
-            marks = time_outs.to(torch.int8) * 2
-            final = last
-        infos: dict[str, Any] = {"bootstrap": marks, "_bootstrap": torch.ones_like(dones)}
+        else:  # the episodes end on the observation they acted on: V(s_t), their own value, reused
+            if self.bootstrap == "last_obs":
+                terminated, truncated = dones & ~time_outs, time_outs
+                marks = time_outs.to(torch.int8)
+            else:
+                terminated, truncated = dones, torch.zeros_like(dones)
+                marks = time_outs.to(torch.int8) * 2
+            infos[OWN_FINAL_KEY] = dones
+        infos["bootstrap"], infos["_bootstrap"] = marks, torch.ones_like(dones)
         # Rows of envs that did not end are never read. No final observation at all ("final_obs" without it
         # from the env): the collector raises at the batch's end if an episode ended at this step.
         if final is not None:
