@@ -29,6 +29,7 @@ from torch_rollout._envs import RemoteTraceback
 from counting_env import CountingPolicy, make_counting_envs
 from placements import PLACEMENTS, local_ray, on_ray
 from reliability_envs import ConstantPolicy, EnvFault, PolicyFault, RaisingPolicy, Snapshot, take, wait_until
+from rowwise import RowwiseLinear
 
 TIMEOUT = 60.0
 TESTS = Path(__file__).resolve().parent
@@ -136,11 +137,12 @@ def deterministic_cartpole_policy() -> torch.nn.Module:
 
 
 class CartPolePolicy(torch.nn.Module):
-    """Greedy over a fixed linear map: the same actions wherever it runs."""
+    """Greedy over a fixed linear map: the same actions and values wherever it runs, bit for bit on any CPU
+    (RowwiseLinear: a worker's share of the envs is valued row by row as the thread's call on all of them)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(4, 3)
+        self.linear = RowwiseLinear(4, 3)
 
     def forward(self, obs):
         out = self.linear(obs)
