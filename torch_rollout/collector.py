@@ -136,9 +136,11 @@ class Collector:
     Raises:
         TypeError: for an unsupported space or argument type, and for a keyword
             that has a new spelling (the message gives it).
-        ValueError: for an out-of-range argument, an unknown env id, a live
-            vector env that another open collector steps, or a lazy policy
-            (``nn.LazyLinear``) not run yet that the collector must copy.
+        ValueError: for an out-of-range argument, a ``device`` this machine does
+            not have (CUDA or MPS unavailable, a CUDA index past the last GPU),
+            an unknown env id, a live vector env that another open collector
+            steps, or a lazy policy (``nn.LazyLinear``) not run yet that the
+            collector must copy.
 
     Warns:
         UserWarning: for each probabilistic tensordict module of the policy whose
@@ -518,7 +520,9 @@ def _resolve_device(device: Any) -> torch.device:
     """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return indexed(_check_device(device))
+    checked = _check_device(device)
+    _check_available(checked, device)
+    return indexed(checked)
 
 
 def _check_shares(envs: Any, num_envs: int, num_workers: int) -> None:
@@ -563,6 +567,30 @@ def _check_device(device: Any) -> torch.device:
             f"Collector: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
             "torch.device, or None (CUDA when available, else the CPU)"
         ) from None
+
+
+def _check_available(device: torch.device, given: Any) -> None:
+    """Refuses a CUDA or MPS ``device`` that this machine does not have, naming the fix (before any env is built)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            cuda = torch.version.cuda
+            build = f"built with CUDA {cuda}, but sees no GPU or driver" if cuda else "built without CUDA"
+            raise ValueError(
+                f"Collector: device={given!r} needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, "
+                f"{torch.__version__}, is {build}); pass device='cpu' (or device=None: CUDA when available, else the "
+                "CPU), or install a CUDA build of torch on a machine with an NVIDIA GPU and its driver"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"Collector: device={given!r}, but torch.cuda.device_count() is {count}; pass a CUDA device from "
+                f"'cuda:0' to 'cuda:{count - 1}', or device='cuda' (the current one)"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            f"Collector: device={given!r} needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
+            "device='cpu' (MPS needs a Mac with macOS 12.3 or later)"
+        )
 
 
 def _check_int(name: str, x: Any, *, minimum: int) -> None:
