@@ -275,6 +275,12 @@ def test_lockstep_policy_on_another_device_is_an_error():
             "Collector: policy output has no 'action' key; it returned keys ['logits', 'value']",
         ),
         (
+            lambda obs: {"actions": torch.zeros(obs.shape[0], dtype=torch.long), "value": torch.zeros(obs.shape[0])},
+            ValueError,
+            "Collector: policy output has no 'action' key; it returned keys ['actions', 'value']: did you mean to "
+            "return 'actions' as 'action'?",
+        ),
+        (
             lambda obs: torch.zeros(obs.shape[0]),
             TypeError,
             "Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, got Tensor",
@@ -323,6 +329,7 @@ def test_lockstep_policy_on_another_device_is_an_error():
     ],
     ids=[
         "no-action",
+        "action-misspelt",
         "not-mapping",
         "action-rows",
         "action-shape",
