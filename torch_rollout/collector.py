@@ -329,7 +329,16 @@ class Collector:
 
     @property
     def policy_version(self) -> int:
-        """Number of weight refreshes so far; rows store the version that produced them."""
+        """Number of weight refreshes so far, the version acting from now on; rows store the version that acted.
+
+        A version counts refreshes (each ``next()`` and each :meth:`update_policy`
+        makes one), not weight changes: it rises even when the weights did not
+        change. After ``next()`` it is the version just refreshed, not the
+        returned batch's: with ``prefetch >= 1`` the batch's rows may be older. The
+        batch's versions are ``batch["policy_version"]`` (per row; its ``min()``
+        is the oldest), and ``collector.policy_version - int(batch["policy_version"].min())``
+        its lag.
+        """
         return self._placement.version
 
     def update_policy(self) -> None:
