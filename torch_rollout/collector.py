@@ -95,8 +95,11 @@ class Collector:
             (or ``make_envs(num_envs, start_index=...)``) returning a vector env:
             :func:`torch_rollout.gym_envs` (an id with keyword arguments),
             :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`.
-        policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
-            ``"action"`` and optionally ``"value"`` (``[n]`` or ``[n, 1]``; TorchRL's
+        policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` on ``[n, ...]``
+            observations (``num_envs`` rows on the thread, a worker's share of them in
+            worker processes and Ray actors, fewer in bootstrap calls on final
+            observations) with at least ``"action"`` (``[n, ...]``) and optionally
+            ``"value"`` (``[n]`` or ``[n, 1]``; TorchRL's
             ``"state_value"`` when there is no ``"value"``) and ``"log_prob"``; a
             ``tensordict.nn.TensorDictModule`` reads ``obs_key``. With a
             ``get_value`` method, bootstraps call that instead of the forward.
