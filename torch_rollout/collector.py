@@ -108,7 +108,7 @@ class Collector:
         backend: where the loop runs: ``"thread"``, ``"process"``, ``"ray"``, ``"auto"``
             (worker processes for a CPU policy with an env id or a picklable function that
             they can import, else the thread), or :class:`Thread`, :class:`Processes` (``num_workers``),
-            :class:`Ray` (``num_workers``, actor ``options``).
+            :class:`Ray` (``num_workers``, actor ``options``); :attr:`backend` names the choice.
         device: where the policy runs and batches live; ``None``: ``"cuda"`` when
             available, else ``"cpu"``.
         gae: the advantages added to each batch, :class:`GAE` (``gamma``,
@@ -172,7 +172,7 @@ class Collector:
 
     envs: VectorEnv | None
     policy: nn.Module
-    backend: str
+    _backend: str
     num_workers: int
     num_steps: int
     num_envs: int
@@ -230,7 +230,7 @@ class Collector:
         )
 
         self.policy = policy
-        self.backend = chosen.name
+        self._backend = chosen.name
         self.num_workers = num_workers
         self.num_steps = num_steps
         self.num_envs = num_envs
@@ -327,6 +327,25 @@ class Collector:
     def __len__(self) -> int:
         """Batches this collector delivers in all: those of ``total_timesteps`` left after a resumed state's."""
         return self._progress.left()
+
+    @property
+    def backend(self) -> str:
+        """Where the collection loop runs, as ``backend=`` names it: ``"thread"``, ``"process"`` or ``"ray"``.
+
+        With ``backend="auto"`` it is the placement that was chosen; :attr:`num_workers`
+        is its number of worker processes or Ray actors (1 for the thread).
+
+        Examples:
+            >>> class Policy(nn.Module):
+            ...     def forward(self, obs):
+            ...         return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+            >>> envs = gymnasium.make_vec("CartPole-v1", num_envs=2)
+            >>> with Collector(envs, Policy(), num_steps=4, device="cpu") as collector:  # a live env: the thread
+            ...     collector.backend, collector.num_workers
+            ('thread', 1)
+            >>> envs.close()
+        """
+        return self._backend
 
     # -- weights ---------------------------------------------------------------------------------
 
