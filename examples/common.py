@@ -67,6 +67,7 @@ __all__ = [
     "parse_args",
     "placement",
     "plot_learning_curve",
+    "print_collector",
     "print_resume_command",
     "progress_bar",
     "record_first_episode",
@@ -636,6 +637,18 @@ def load_resume(
     return cfg, state
 
 
+def print_collector(collector: Collector) -> None:
+    """The run's first line: where the collector runs (what backend=auto chose), how far ahead, on which device.
+
+    Written as the config keys that choose them (backend=thread prefetch=0 collects in lockstep in this process).
+    Through tqdm.write, which keeps a progress bar below it intact.
+    """
+    tqdm.write(
+        f"collector: backend={collector.backend} num_workers={collector.num_workers} "
+        f"prefetch={collector.prefetch} device={collector.device}"
+    )
+
+
 def print_resume_command(script: str, checkpoint: Path, iteration: int, world_size: int) -> None:
     """After a Ctrl-C: the command that carries the run on, with absolute paths, so that it works from any folder."""
     launcher = f"torchrun --nproc_per_node {world_size}" if world_size > 1 else shlex.quote(sys.executable)
@@ -741,8 +754,13 @@ class Run:
         self.progress = progress_bar(total, done, enabled=self.is_main)
 
     def iterate(self, collector: Collector) -> Iterator[tuple[int, TensorDict]]:
-        """`(iteration, batch)` per batch; times the waits, moves the progress bar, checkpoints (checkpoint_every)."""
+        """`(iteration, batch)` per batch; times the waits, moves the progress bar, checkpoints (checkpoint_every).
+
+        Rank 0 first prints where the collector runs (`print_collector`).
+        """
         self.collector = collector
+        if self.is_main:
+            print_collector(collector)  # which placement backend=auto chose
         if self.resume is not None:
             # the step count, the policy versions and the envs' seeds carry on (in-flight episodes restart)
             collector.load_state_dict(self.own["collector"])

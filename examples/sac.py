@@ -295,6 +295,7 @@ def train(cfg: Config) -> float:
         seed=cfg.seed,
         keys=BatchKeys(next_obs=True),
     )
+    common.print_collector(collector)
     waited_from = time.perf_counter()
     with collector, common.Logger(run_dir, LOG_FIELDS) as logger:
         for batch in collector:  # [T, N], collected while the previous batch trained

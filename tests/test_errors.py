@@ -130,6 +130,56 @@ def test_bad_gae_arguments(kwargs, message):
         GAE(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "device, machine, message",
+    [
+        (
+            "cuda",
+            {"cuda": None, "gpus": 0},
+            "Collector: device='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, {torch}, "
+            "is built without CUDA); pass device='cpu' (or device=None: CUDA when available, else the CPU), or install "
+            "a CUDA build of torch on a machine with an NVIDIA GPU and its driver",
+        ),
+        (
+            torch.device("cuda", 0),
+            {"cuda": "12.6", "gpus": 0},
+            "Collector: device=device(type='cuda', index=0) needs a CUDA GPU, but torch.cuda.is_available() is False "
+            "(this torch, {torch}, is built with CUDA 12.6, but sees no GPU or driver); pass device='cpu'",
+        ),
+        (
+            "cuda:3",
+            {"cuda": "12.6", "gpus": 2},
+            "Collector: device='cuda:3', but torch.cuda.device_count() is 2; pass a CUDA device from 'cuda:0' to "
+            "'cuda:1', or device='cuda' (the current one)",
+        ),
+        (
+            "mps",
+            {"mps": False},
+            "Collector: device='mps' needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
+            "device='cpu' (MPS needs a Mac with macOS 12.3 or later)",
+        ),
+    ],
+    ids=["cuda-cpu-build", "cuda-no-driver", "cuda-index", "mps"],
+)
+def test_a_device_this_machine_lacks_is_refused_before_any_env_is_built(device, machine, message, monkeypatch):
+    # The machine as the case describes it, whatever this one has.
+    if "gpus" in machine:
+        monkeypatch.setattr(torch.version, "cuda", machine["cuda"])
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: machine["gpus"] > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: machine["gpus"])
+    else:
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: machine["mps"])
+    built = []
+
+    def make_envs(num_envs):
+        built.append(num_envs)
+        return make_counting_envs(num_envs)
+
+    with pytest.raises(ValueError, match=re.escape(message.format(torch=torch.__version__))):
+        Collector(make_envs, CountingPolicy(), num_envs=2, num_steps=4, device=device, backend="thread")
+    assert built == []
+
+
 def test_collector_has_at_most_15_parameters_and_old_keywords_name_their_new_spelling():
     assert len(inspect.signature(Collector).parameters) <= 15
     envs = make_counting_envs(2)
@@ -225,6 +275,12 @@ def test_lockstep_policy_on_another_device_is_an_error():
             "Collector: policy output has no 'action' key; it returned keys ['logits', 'value']",
         ),
         (
+            lambda obs: {"actions": torch.zeros(obs.shape[0], dtype=torch.long), "value": torch.zeros(obs.shape[0])},
+            ValueError,
+            "Collector: policy output has no 'action' key; it returned keys ['actions', 'value']: did you mean to "
+            "return 'actions' as 'action'?",
+        ),
+        (
             lambda obs: torch.zeros(obs.shape[0]),
             TypeError,
             "Collector: policy must return a Mapping[str, Tensor] or a TensorDict with an 'action' key, got Tensor",
@@ -273,6 +329,7 @@ def test_lockstep_policy_on_another_device_is_an_error():
     ],
     ids=[
         "no-action",
+        "action-misspelt",
         "not-mapping",
         "action-rows",
         "action-shape",

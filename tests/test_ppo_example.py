@@ -194,6 +194,8 @@ def test_smoke_cartpole_train_then_eval(tmp_path, run_script):
     run_dir = tmp_path / "run"
     # 3 iterations of 4 envs x 32 steps
     out = run_script("total_timesteps=384", "num_envs=4", "num_steps=32", f"run_dir={run_dir}")
+    # first: the placement that backend=auto chose for the CPU agent, in the config's keys
+    assert out.splitlines()[0] == "collector: backend=process num_workers=1 prefetch=1 device=cpu"
     assert re.search(r"final mean return \(last \d+ episodes\): ", out)
 
     with open(run_dir / "progress.csv", newline="") as f:

@@ -330,6 +330,21 @@ def test_bad_recipes_and_arguments_are_named():
         Collector(make_counting_envs, CartPolePolicy(), num_envs=2, num_steps=4, env_kwargs={"x": 1})
 
 
+@pytest.mark.parametrize(
+    "backend, expected",
+    [("auto", ("process", 1)), ("thread", ("thread", 1)), (Processes(num_workers=2), ("process", 2))],
+    ids=["auto", "thread", "Processes(2)"],
+)
+def test_backend_names_the_placement_chosen_and_is_read_only(backend, expected):
+    with Collector(
+        make_counting_envs, CountingPolicy(), num_envs=2, num_steps=4, device="cpu", backend=backend
+    ) as collector:
+        assert (collector.backend, collector.num_workers) == expected
+        with pytest.raises(AttributeError):
+            collector.backend = "thread"
+        assert collector.backend == expected[0]
+
+
 def test_auto_chooses_processes_for_a_cpu_policy_with_a_recipe_else_the_thread():
     with Collector("CartPole-v1", CartPolePolicy(), num_envs=2, num_steps=4, device="cpu") as collector:
         assert (collector.backend, collector.prefetch) == ("process", 1)

@@ -194,6 +194,7 @@ def test_a_short_run_logs_finite_losses(tmp_path, backend):
     # it (a worker process imports the actor's class from the script).
     overrides = ["total_timesteps=800", "learning_starts=200", "log_every=200", "batch_size=64"]
     out = run_script(*overrides, f"backend={backend}", f"run_dir={tmp_path}")
+    assert out.splitlines()[0] == f"collector: backend={backend} num_workers=1 prefetch=1 device=cpu"
     mean_return = float(re.search(r"final mean return \(last 4 episodes\): (-?\d+\.\d)", out)[1])
     rows = read_progress(tmp_path)
     assert [row["step"] for row in rows] == [200, 400, 600, 800]

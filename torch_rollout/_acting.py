@@ -10,6 +10,7 @@ on the policy's device.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -328,7 +329,10 @@ def _items(raw: Any, obs_key: str) -> dict[str, Any]:
             f"got {type(raw).__name__}"
         )
     if "action" not in items:
-        raise ValueError(f"Collector: policy output has no 'action' key; it returned keys {sorted(map(str, items))}")
+        keys = sorted(map(str, items))
+        close = difflib.get_close_matches("action", keys, n=1)
+        hint = f": did you mean to return {close[0]!r} as 'action'?" if close else ""
+        raise ValueError(f"Collector: policy output has no 'action' key; it returned keys {keys}{hint}")
     return items
 
 

@@ -95,8 +95,11 @@ class Collector:
             (or ``make_envs(num_envs, start_index=...)``) returning a vector env:
             :func:`torch_rollout.gym_envs` (an id with keyword arguments),
             :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`.
-        policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` with at least
-            ``"action"`` and optionally ``"value"`` (``[n]`` or ``[n, 1]``; TorchRL's
+        policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` on ``[n, ...]``
+            observations (``num_envs`` rows on the thread, a worker's share of them in
+            worker processes and Ray actors, fewer in bootstrap calls on final
+            observations) with at least ``"action"`` (``[n, ...]``) and optionally
+            ``"value"`` (``[n]`` or ``[n, 1]``; TorchRL's
             ``"state_value"`` when there is no ``"value"``) and ``"log_prob"``; a
             ``tensordict.nn.TensorDictModule`` reads ``obs_key``. With a
             ``get_value`` method, bootstraps call that instead of the forward.
@@ -105,7 +108,7 @@ class Collector:
         backend: where the loop runs: ``"thread"``, ``"process"``, ``"ray"``, ``"auto"``
             (worker processes for a CPU policy with an env id or a picklable function that
             they can import, else the thread), or :class:`Thread`, :class:`Processes` (``num_workers``),
-            :class:`Ray` (``num_workers``, actor ``options``).
+            :class:`Ray` (``num_workers``, actor ``options``); :attr:`backend` names the choice.
         device: where the policy runs and batches live; ``None``: ``"cuda"`` when
             available, else ``"cpu"``.
         gae: the advantages added to each batch, :class:`GAE` (``gamma``,
@@ -136,9 +139,11 @@ class Collector:
     Raises:
         TypeError: for an unsupported space or argument type, and for a keyword
             that has a new spelling (the message gives it).
-        ValueError: for an out-of-range argument, an unknown env id, a live
-            vector env that another open collector steps, or a lazy policy
-            (``nn.LazyLinear``) not run yet that the collector must copy.
+        ValueError: for an out-of-range argument, a ``device`` this machine does
+            not have (CUDA or MPS unavailable, a CUDA index past the last GPU),
+            an unknown env id, a live vector env that another open collector
+            steps, or a lazy policy (``nn.LazyLinear``) not run yet that the
+            collector must copy.
 
     Warns:
         UserWarning: for each probabilistic tensordict module of the policy whose
@@ -167,7 +172,7 @@ class Collector:
 
     envs: VectorEnv | None
     policy: nn.Module
-    backend: str
+    _backend: str
     num_workers: int
     num_steps: int
     num_envs: int
@@ -225,7 +230,7 @@ class Collector:
         )
 
         self.policy = policy
-        self.backend = chosen.name
+        self._backend = chosen.name
         self.num_workers = num_workers
         self.num_steps = num_steps
         self.num_envs = num_envs
@@ -323,11 +328,39 @@ class Collector:
         """Batches this collector delivers in all: those of ``total_timesteps`` left after a resumed state's."""
         return self._progress.left()
 
+    @property
+    def backend(self) -> str:
+        """Where the collection loop runs, as ``backend=`` names it: ``"thread"``, ``"process"`` or ``"ray"``.
+
+        With ``backend="auto"`` it is the placement that was chosen; :attr:`num_workers`
+        is its number of worker processes or Ray actors (1 for the thread).
+
+        Examples:
+            >>> class Policy(nn.Module):
+            ...     def forward(self, obs):
+            ...         return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+            >>> envs = gymnasium.make_vec("CartPole-v1", num_envs=2)
+            >>> with Collector(envs, Policy(), num_steps=4, device="cpu") as collector:  # a live env: the thread
+            ...     collector.backend, collector.num_workers
+            ('thread', 1)
+            >>> envs.close()
+        """
+        return self._backend
+
     # -- weights ---------------------------------------------------------------------------------
 
     @property
     def policy_version(self) -> int:
-        """Number of weight refreshes so far; rows store the version that produced them."""
+        """Number of weight refreshes so far, the version acting from now on; rows store the version that acted.
+
+        A version counts refreshes (each ``next()`` and each :meth:`update_policy`
+        makes one), not weight changes: it rises even when the weights did not
+        change. After ``next()`` it is the version just refreshed, not the
+        returned batch's: with ``prefetch >= 1`` the batch's rows may be older. The
+        batch's versions are ``batch["policy_version"]`` (per row; its ``min()``
+        is the oldest), and ``collector.policy_version - int(batch["policy_version"].min())``
+        its lag.
+        """
         return self._placement.version
 
     def update_policy(self) -> None:
@@ -518,7 +551,9 @@ def _resolve_device(device: Any) -> torch.device:
     """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return indexed(_check_device(device))
+    checked = _check_device(device)
+    _check_available(checked, device)
+    return indexed(checked)
 
 
 def _check_shares(envs: Any, num_envs: int, num_workers: int) -> None:
@@ -563,6 +598,30 @@ def _check_device(device: Any) -> torch.device:
             f"Collector: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
             "torch.device, or None (CUDA when available, else the CPU)"
         ) from None
+
+
+def _check_available(device: torch.device, given: Any) -> None:
+    """Refuses a CUDA or MPS ``device`` that this machine does not have, naming the fix (before any env is built)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            cuda = torch.version.cuda
+            build = f"built with CUDA {cuda}, but sees no GPU or driver" if cuda else "built without CUDA"
+            raise ValueError(
+                f"Collector: device={given!r} needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, "
+                f"{torch.__version__}, is {build}); pass device='cpu' (or device=None: CUDA when available, else the "
+                "CPU), or install a CUDA build of torch on a machine with an NVIDIA GPU and its driver"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"Collector: device={given!r}, but torch.cuda.device_count() is {count}; pass a CUDA device from "
+                f"'cuda:0' to 'cuda:{count - 1}', or device='cuda' (the current one)"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            f"Collector: device={given!r} needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
+            "device='cpu' (MPS needs a Mac with macOS 12.3 or later)"
+        )
 
 
 def _check_int(name: str, x: Any, *, minimum: int) -> None:
