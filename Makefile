@@ -1,5 +1,6 @@
 # `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
 # `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
+# Both run the float-sensitive test files a second time on other CPU kernels (`make test-kernels`).
 # Both create .venv and install everything on first use (and again when setup.cfg changes).
 
 PYTHON ?= python3
@@ -11,7 +12,15 @@ TORCH_SPEC ?= torch==2.13.0
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-quick lint clean
+# The test files whose assertions compare floats from different calls (placements, bootstrap calls, batch
+# shapes, GAE against a float64 loop): `make test` runs them again on other CPU kernels, MKL's reproducible code
+# path and torch's non-vectorised one, with linear layers whose last bits depend on the call's row count
+# (tests/shaped_floats), so that a comparison that holds only on this CPU's kernels fails here too.
+FLOAT_TESTS ?= tests/test_gae.py tests/test_torch_loop.py tests/test_collector.py tests/test_next_obs.py \
+	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
+OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=tests/shaped_floats
+
+.PHONY: run test test-quick test-kernels lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +34,15 @@ run: $(VENV)/.installed
 
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(MAKE) --no-print-directory test-kernels
 
 test-quick: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
+	$(MAKE) --no-print-directory test-kernels
+
+# The float-sensitive files on the other kernels (without Ray: its actors run the same code as the workers)
+test-kernels: $(VENV)/.installed
+	$(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
 
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -3,6 +3,7 @@ tests shared among pytest-xdist's workers by file, with every Ray test in one wo
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from typing import Any
@@ -122,6 +123,13 @@ def xdist_scope(nodeid: str) -> str:
     if path == "tests/test_ray.py" or _RAY_ID.search(nodeid):
         return RAY_GROUP
     return path
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The CPU kernels the floats come from (``make test`` runs the float-sensitive files under a second set)."""
+    import torch
+
+    return f"CPU kernels: torch {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
