@@ -1,6 +1,7 @@
 # `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
 # `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
-# Both create .venv and install everything on first use (and again when setup.cfg changes).
+# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
+# All create .venv and install everything on first use (and again when setup.cfg changes).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-quick lint clean
+.PHONY: run test test-quick coverage lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +30,21 @@ test: lint
 test-quick: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
 
+# `make test`'s pytest command under coverage.py (pyproject.toml's [tool.coverage.*]): the worker processes, their
+# fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute COVERAGE_FILE,
+# whatever their working directory), and import torch_rollout from here (a PYTHONPATH that wins over an install
+# of another copy, which coverage would not count). The report fails below [tool.coverage.report] fail_under.
+coverage: $(VENV)/.installed
+	$(PY) -m coverage erase
+	COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m coverage combine --quiet
+	$(PY) -m coverage report
+
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .coverage .coverage.* htmlcov
