@@ -1,7 +1,8 @@
 # `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
 # `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
 # Both run the float-sensitive test files a second time on other CPU kernels (`make test-kernels`).
-# Both create .venv and install everything on first use (and again when setup.cfg changes).
+# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
+# All create .venv and install everything on first use (and again when setup.cfg changes).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,9 +19,9 @@ TEST_WORKERS ?= 2
 # (tests/shaped_floats), so that a comparison that holds only on this CPU's kernels fails here too.
 FLOAT_TESTS ?= tests/test_gae.py tests/test_torch_loop.py tests/test_collector.py tests/test_next_obs.py \
 	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
-OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=tests/shaped_floats
+OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: run test test-quick test-kernels lint clean
+.PHONY: run test test-quick test-kernels coverage lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +45,21 @@ test-quick: lint
 test-kernels: $(VENV)/.installed
 	$(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
 
+# `make test`'s pytest command under coverage.py (pyproject.toml's [tool.coverage.*]): the worker processes, their
+# fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute COVERAGE_FILE,
+# whatever their working directory), and import torch_rollout from here (a PYTHONPATH that wins over an install
+# of another copy, which coverage would not count). The report fails below [tool.coverage.report] fail_under.
+coverage: $(VENV)/.installed
+	$(PY) -m coverage erase
+	COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m coverage combine --quiet
+	$(PY) -m coverage report
+
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .coverage .coverage.* htmlcov

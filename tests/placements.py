@@ -58,9 +58,45 @@ def local_ray() -> Any:
         tests = str(Path(__file__).resolve().parent)
         path = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = tests if not path else f"{tests}{os.pathsep}{path}"
-        ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
+        # Under `make coverage` (coverage.py's patch=subprocess puts its settings in the environment) each Ray
+        # worker measures itself too, and saves its data when the collector closes its actor.
+        measured = {"worker_process_setup_hook": _save_coverage_at_actor_close} if _MEASURED in os.environ else None
+        ray.init(
+            num_cpus=2,
+            object_store_memory=200 * 1024**2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=measured,
+        )
         _started_ray = True
     return ray
+
+
+_MEASURED = "COVERAGE_PROCESS_CONFIG"  # set by coverage.py's [run] patch = ["subprocess"] for every subprocess
+
+
+def _save_coverage_at_actor_close() -> None:
+    """A Ray worker's set-up under `make coverage`: the actor's coverage data is saved once its close() returns.
+
+    The collector calls close() on each actor and then ``ray.kill``, which ends its process at once: no atexit
+    handler runs there, so coverage.py would save nothing of what the actor ran (``_RayWorker``).
+    """
+    import coverage
+
+    from torch_rollout import _ray
+
+    cov = coverage.Coverage.current()
+    if cov is None:  # a Ray worker started before coverage's settings were in the environment
+        return
+    close = _ray._RayWorker.close
+
+    def close_and_save(self: _ray._RayWorker) -> None:
+        try:
+            close(self)
+        finally:
+            cov.save()
+
+    _ray._RayWorker.close = close_and_save
 
 
 def stop_local_ray() -> None:
