@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import re
@@ -17,7 +18,7 @@ import torch
 from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
-from torch_rollout import GAE, Collector
+from torch_rollout import GAE, Collector, gym_envs
 
 from counting_env import CountingEnv, CountingPolicy, make_counting_envs
 
@@ -191,6 +192,83 @@ def test_collector_has_at_most_15_parameters_and_old_keywords_name_their_new_spe
     with Collector(envs, CountingPolicy(), num_steps=4, device="cpu", backend="thread") as collector:
         next(collector)
     envs.close()
+
+
+@pytest.fixture
+def registered():
+    """Registers gymnasium ids for one test (``registered(id, **spec)``) and unregisters them after it."""
+    ids = []
+
+    def register(env_id: str, **spec: object) -> str:
+        gym.register(env_id, **spec)
+        ids.append(env_id)
+        return env_id
+
+    yield register
+    for env_id in ids:
+        del gym.registry[env_id]
+
+
+def test_a_registered_id_that_gymnasium_cannot_build_gets_gymnasium_own_message(registered):
+    wrapped = registered(
+        "TorchRolloutWrapped-v0",
+        entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+        vector_entry_point="gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv",
+        additional_wrappers=(gym.wrappers.TimeAwareObservation.wrapper_spec(),),
+    )
+    message = (
+        "Collector: gymnasium.make_vec('TorchRolloutWrapped-v0', num_envs=2) failed for the registered env id "
+        "'TorchRolloutWrapped-v0': Error: Cannot use `vector_entry_point` vectorization mode with the "
+        "additional_wrappers parameter in spec being not empty"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        Collector(wrapped, CountingPolicy(), num_envs=2, num_steps=4, backend="thread")
+    assert "unknown env id" not in str(info.value)
+    assert str(info.value).endswith(
+        "; gym_envs('TorchRolloutWrapped-v0', vectorization_mode='sync') builds it from its single-env entry point "
+        "instead"
+    )
+    recipe = gym_envs("CartPole-v1", vectorization_mode="vector_entry_point", vector_kwargs={"copy": False})
+    message = (
+        "Collector: gymnasium.make_vec('CartPole-v1', num_envs=2, vectorization_mode='vector_entry_point', "
+        "vector_kwargs={'copy': False}) failed for the registered env id 'CartPole-v1': Error: Custom vector "
+        "environment can be passed arguments only through kwargs and `vector_kwargs` is not empty"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        recipe(2)
+    with pytest.raises(ValueError, match=re.escape("Collector: unknown env id envs='NoSuchEnv-v0'")):
+        gym_envs("NoSuchEnv-v0")(2)
+
+
+def _mani_skill_make(env_id: str, **kwargs: object) -> None:
+    raise AssertionError("ManiSkill's make must not be called")
+
+
+_mani_skill_make.__module__ = "mani_skill.utils.registration"  # where ManiSkill's own make lives
+
+
+@pytest.mark.parametrize(
+    "entry_point",
+    [
+        pytest.param("mani_skill.envs.tasks.fake:FakePickCubeEnv", id="string"),
+        pytest.param(functools.partial(_mani_skill_make, env_id="TorchRolloutFakePickCube-v1"), id="partial"),
+    ],
+)
+def test_mani_skill_ids_are_refused_with_the_recipe_to_use(registered, entry_point):
+    env_id = registered("TorchRolloutFakePickCube-v1", entry_point=entry_point)
+    message = (
+        "Collector: envs='TorchRolloutFakePickCube-v1' is a ManiSkill env, which ManiSkill builds with its own "
+        "gymnasium.make('TorchRolloutFakePickCube-v1', num_envs=2) and vector wrapper, not with "
+        "gymnasium.make_vec; pass a function that builds it as envs:\n"
+        "    def make_envs(num_envs):\n"
+        "        import mani_skill.envs  # registers the ids\n"
+        "        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv\n"
+        "        return ManiSkillVectorEnv(gymnasium.make('TorchRolloutFakePickCube-v1', num_envs=num_envs), num_envs)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Collector(env_id, CountingPolicy(), num_envs=2, num_steps=4, backend="thread")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        gym_envs(env_id, obs_mode="state")(2)
 
 
 def test_bad_envs_and_policy_arguments():

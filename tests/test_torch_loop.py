@@ -685,6 +685,38 @@ def test_rsl_rl_style_envs_need_a_bootstrap_choice_and_their_own_seed():
         collect(FromRslRl(RslRlCartPole(N), bootstrap="none"), GroupPolicy(), seed=5)
 
 
+class NoDevice(RslRlCartPole):
+    """An rsl_rl-style env without ``device``, as MuJoCo Playground's RSLRLBraxWrapper is on a CPU."""
+
+    def __init__(self, num_envs: int, **kwargs: Any) -> None:
+        super().__init__(num_envs, **kwargs)
+        del self.device
+
+
+def test_rsl_rl_style_envs_without_a_device_step_on_the_device_of_their_observations():
+    envs = FromRslRl(NoDevice(N), bootstrap="last_obs")
+    assert envs.device == torch.device("cpu")
+    got = collect(envs, GroupPolicy(), seed=None)
+    expected = collect(FromRslRl(RslRlCartPole(N), bootstrap="last_obs"), GroupPolicy(), seed=None)
+    assert_same_batches(got, expected, ("action", "reward", "done", "mask", "value", "next_value"))
+    for g, e in zip(got, expected):
+        assert torch.equal(g["obs", "policy"], e["obs", "policy"])
+
+
+def test_rsl_rl_style_envs_without_a_device_nor_tensors_to_take_it_from_are_refused():
+    class NumpyObservations(NoDevice):
+        def get_observations(self) -> Any:
+            return {"policy": self.obs.numpy()}
+
+    message = (
+        "FromRslRl: the env NumpyObservations has no attribute `device`, and its get_observations() gives "
+        "observations of types ['ndarray'], not torch tensors on one device to take it from; set env.device to "
+        "the torch device of its tensors (e.g. env.device = 'cpu')"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        FromRslRl(NumpyObservations(N), bootstrap="last_obs")
+
+
 def test_rsl_rl_style_final_obs_in_another_structure_is_named():
     class PolicyOnly(RslRlCartPole):
         def step(self, actions: torch.Tensor) -> tuple:

@@ -69,18 +69,82 @@ class GymEnvs:
         self.kwargs = kwargs
 
     def __call__(self, num_envs: int) -> VectorEnv:
+        """``gymnasium.make_vec(env_id, num_envs=num_envs, **kwargs)``.
+
+        Raises:
+            ValueError: the id is not registered ("unknown env id"); gymnasium could not build a
+                registered id (its own message, with the call); the id is ManiSkill's (the recipe to use).
+        """
+        if _is_mani_skill(self.env_id):
+            raise _mani_skill_error(self.env_id, num_envs)
         try:
             return gymnasium.make_vec(self.env_id, num_envs=num_envs, **self.kwargs)
         except gymnasium.error.Error as exc:
-            raise ValueError(
-                f"Collector: unknown env id envs={self.env_id!r}: {exc} (an id registered by a module of yours "
-                "must be given as 'module:EnvName-v0', so that gymnasium imports that module in worker "
-                "processes too)"
-            ) from exc
+            name = self.env_id.split(":")[-1]  # "module:EnvName-v0": the module was imported by make_vec
+            if name not in gymnasium.registry:
+                raise ValueError(
+                    f"Collector: unknown env id envs={self.env_id!r}: {exc} (an id registered by a module of yours "
+                    "must be given as 'module:EnvName-v0', so that gymnasium imports that module in worker "
+                    "processes too)"
+                ) from exc
+            if _is_mani_skill(name):
+                raise _mani_skill_error(self.env_id, num_envs) from exc
+            raise ValueError(self._failed(num_envs, exc)) from exc
+
+    def _failed(self, num_envs: int, exc: gymnasium.error.Error) -> str:
+        """The message for a registered id that gymnasium could not build: the call and gymnasium's own words."""
+        kwargs = "".join(f", {key}={value!r}" for key, value in self.kwargs.items())
+        message = (
+            f"Collector: gymnasium.make_vec({self.env_id!r}, num_envs={num_envs}{kwargs}) failed for the "
+            f"registered env id {self.env_id!r}: {type(exc).__name__}: {exc}"
+        )
+        spec = gymnasium.registry[self.env_id.split(":")[-1]]
+        mode = self.kwargs.get("vectorization_mode")
+        if str(getattr(mode, "value", mode)) == "vector_entry_point" or (
+            mode is None and spec.vector_entry_point is not None
+        ):
+            message += (
+                f"; gym_envs({self.env_id!r}, vectorization_mode='sync') builds it from its single-env entry point "
+                "instead"
+            )
+        return message
 
     def __repr__(self) -> str:
         kwargs = "".join(f", {key}={value!r}" for key, value in self.kwargs.items())
         return f"gym_envs({self.env_id!r}{kwargs})"
+
+
+def _is_mani_skill(env_id: str) -> bool:
+    """Whether ``env_id`` is ManiSkill's: registered with an entry point in ``mani_skill``, or named by that module."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        return _in_mani_skill(module) or _is_mani_skill(name)
+    spec = gymnasium.registry.get(env_id)
+    if spec is None:
+        return False
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        return _in_mani_skill(entry.partition(":")[0])
+    entry = getattr(entry, "func", entry)  # ManiSkill registers functools.partial(make, env_id=...)
+    return _in_mani_skill(getattr(entry, "__module__", None) or "")
+
+
+def _in_mani_skill(module: str) -> bool:
+    return module == "mani_skill" or module.startswith("mani_skill.")
+
+
+def _mani_skill_error(env_id: str, num_envs: int) -> ValueError:
+    name = env_id.rpartition(":")[2]
+    return ValueError(
+        f"Collector: envs={env_id!r} is a ManiSkill env, which ManiSkill builds with its own "
+        f"gymnasium.make({name!r}, num_envs={num_envs}) and vector wrapper, not with gymnasium.make_vec; pass a "
+        "function that builds it as envs:\n"
+        "    def make_envs(num_envs):\n"
+        "        import mani_skill.envs  # registers the ids\n"
+        "        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv\n"
+        f"        return ManiSkillVectorEnv(gymnasium.make({name!r}, num_envs=num_envs), num_envs)\n"
+        "(with your gymnasium.make options: obs_mode, sim_backend, ...)"
+    )
 
 
 def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> VectorEnv:

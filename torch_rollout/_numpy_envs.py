@@ -15,9 +15,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from torch import Tensor
 
+from torch_rollout._autoreset import FINAL_OBS_KEYS, AutoresetReading
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv
 from torch_rollout._env_seam import StepRecord
-from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._infos import InfoRecorder
 from torch_rollout._spaces import (
     ActionConverter,
@@ -76,7 +76,9 @@ class _HostEnvs:
         self.envs = envs
         self.num_envs = envs.num_envs
         self.width = width
-        self.autoreset_mode = env_autoreset_mode(envs)
+        self.reading = AutoresetReading(envs)
+        self.autoreset_mode = self.reading.mode
+        self.recorder: InfoRecorder | None = None
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
@@ -100,7 +102,10 @@ class _HostEnvs:
 
     def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> InfoRecorder:
         """Records the named infos of each step into host rows."""
-        return InfoRecorder(specs, num_envs=self.width, autoreset_mode=self.autoreset_mode, env_offset=env_offset)
+        self.recorder = InfoRecorder(
+            specs, num_envs=self.width, autoreset_mode=self.autoreset_mode, env_offset=env_offset
+        )
+        return self.recorder
 
     def check_seed(self, seed: int | None) -> None:
         pass
@@ -118,6 +123,11 @@ class NumpyEnvs(_HostEnvs):
       observations come from ``infos["final_obs"]``.
     - DISABLED: the driver resets the envs that ended with ``reset_mask``; the
       final observations are what the step returned.
+
+    An env whose metadata names no mode is read as NEXT_STEP until its step infos
+    carry final observations, which switch it to SAME_STEP (with a warning) if no
+    episode has ended before; infos that contradict the mode read raise (see
+    :class:`~torch_rollout._autoreset.AutoresetReading`).
     """
 
     def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:
@@ -153,6 +163,7 @@ class NumpyEnvs(_HostEnvs):
         if self.check_finite:
             self._check_finite(next_obs, reward, "envs.step()")
         done = terminated | truncated
+        self._read_autoreset(info, done)
         mode = self.autoreset_mode
         mask = None
         if mode == AutoresetMode.NEXT_STEP:
@@ -187,6 +198,16 @@ class NumpyEnvs(_HostEnvs):
             info=info,
         )
 
+    def _read_autoreset(self, info: Mapping[str, Any], done: np.ndarray) -> None:
+        """Checks the step's infos against the mode read; an undeclared env's first evidence decides it."""
+        reading = self.reading
+        if reading.read(info):  # an undeclared env, switched to SAME_STEP: no episode has ended before
+            self.autoreset_mode = reading.mode
+            if self.recorder is not None:
+                self.recorder.autoreset_mode = reading.mode
+        elif reading.undecided and done.any():
+            reading.ended_without_final()  # NEXT_STEP from here on; final observations later contradict it
+
     def _end_episodes(self, done: np.ndarray, next_obs: Any, info: dict) -> tuple[Any, Any]:
         """SAME_STEP and DISABLED: the final observations of the envs that ended; DISABLED resets them.
 
@@ -196,14 +217,15 @@ class NumpyEnvs(_HostEnvs):
         final = None
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             if self.keep_final or self.check_finite:
-                if "final_obs" not in info:
+                key = next((key for key in FINAL_OBS_KEYS if key in info), None)
+                if key is None:
                     raise KeyError(
                         "Collector: the env runs in SAME_STEP autoreset mode but its step infos have no "
                         "'final_obs' at an episode end; a wrapper must keep infos['final_obs']"
                     )
-                final = stack_final_obs(self.obs_space, info["final_obs"], index)
+                final = stack_final_obs(self.obs_space, info[key], index)
                 if self.check_finite:
-                    self._check_finite(final, None, "envs.step() in infos['final_obs']", index)
+                    self._check_finite(final, None, f"envs.step() in infos[{key!r}]", index)
             return next_obs, (index, final) if self.keep_final else None
         # DISABLED: what the step returned, before the reset
         if self.keep_final:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -158,7 +159,12 @@ def select_obs(space: spaces.Space, obs: Any, index: np.ndarray) -> Any:
 
 
 def stack_final_obs(space: spaces.Space, final_obs: np.ndarray, index: np.ndarray) -> Any:
-    """Stacks the per-env ``final_obs`` entries (an object array from SAME_STEP infos) at ``index``."""
+    """Stacks the per-env ``final_obs`` entries (an object array from SAME_STEP infos) at ``index``.
+
+    Dense final observations (an array of every env's, or a dict of them for a Dict space) are indexed instead.
+    """
+    if isinstance(final_obs, Mapping):
+        return {key: np.asarray(final_obs[key])[index] for key in space.spaces}
     items = [final_obs[i] for i in index]
     if isinstance(space, spaces.Dict):
         return {key: np.stack([item[key] for item in items]) for key in space.spaces}

@@ -22,17 +22,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from torch_rollout._autoreset import FINAL_OBS_KEYS, AutoresetReading
 from torch_rollout._devices import is_device, to_device
 from torch_rollout._env_seam import StepRecord
-from torch_rollout._envs import autoreset_mode as env_autoreset_mode
 from torch_rollout._infos import TensorInfoRecorder
 from torch_rollout._numpy_envs import NonFinite
 from torch_rollout._spaces import check_action_space, check_obs_space
 
 __all__ = ["OWN_FINAL_KEY", "TorchEnvs", "presents_torch"]
 
-# Where SAME_STEP envs put the observation that ended an episode: gymnasium's name, then ManiSkill3's.
-_FINAL_OBS_KEYS = ("final_obs", "final_observation")
 # A SAME_STEP env that keeps no final observation may mark, as a [N] bool tensor in its step infos, the envs
 # whose episode the observation they acted on ends (FromRslRl's approximations): those rows bootstrap from
 # their own value, reused rather than recomputed, so exactly V(s_t) on any CPU.
@@ -67,6 +65,13 @@ class TorchEnvs:
     from ``infos["final_obs"]`` (gymnasium) or ``infos["final_observation"]``
     (ManiSkill3), as a dense tensor with its ``_`` mask or in gymnasium's
     per-env layout.
+
+    An env whose metadata names no mode is read as NEXT_STEP until its step infos
+    carry final observations, which switch it to SAME_STEP (with a warning); an
+    episode that had ended before (which would need a host sync to see at the
+    step) is found at the batch's end and refuses the batch. Infos that
+    contradict the mode read raise (see
+    :class:`~torch_rollout._autoreset.AutoresetReading`).
     """
 
     acts_at_once = False
@@ -75,7 +80,12 @@ class TorchEnvs:
     def __init__(self, envs: VectorEnv, *, check_finite: bool, non_finite: NonFinite, env_offset: int) -> None:
         self.envs = envs
         self.num_envs = self.width = envs.num_envs
-        self.autoreset_mode = env_autoreset_mode(envs)
+        self.reading = AutoresetReading(envs)
+        self.autoreset_mode = self.reading.mode
+        self.recorder: TensorInfoRecorder | None = None
+        # An undeclared env read as NEXT_STEP: the envs that ended so far, and those at its switch to SAME_STEP.
+        self.ever_ended: Tensor | None = None
+        self.ended_before_switch: Tensor | None = None
         self.obs_space = envs.single_observation_space
         check_obs_space(self.obs_space)
         check_action_space(envs.single_action_space)
@@ -125,6 +135,7 @@ class TorchEnvs:
             self._check_finite(next_obs, "envs.step()")
             self._check_finite(reward, "envs.step()", name="reward")
         done = terminated | truncated
+        self._read_autoreset(info, done)
         mode = self.autoreset_mode
         mask = None
         if mode == AutoresetMode.NEXT_STEP:
@@ -172,19 +183,34 @@ class TorchEnvs:
 
     def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> TensorInfoRecorder:
         """Records the named infos of each step as tensors on the storage device."""
-        return TensorInfoRecorder(specs, num_envs=self.num_envs, autoreset_mode=self.autoreset_mode)
+        self.recorder = TensorInfoRecorder(specs, num_envs=self.num_envs, autoreset_mode=self.autoreset_mode)
+        return self.recorder
 
     def check_seed(self, seed: int | None) -> None:
         pass
 
     def end_batch(self) -> None:
+        before, self.ended_before_switch = self.ended_before_switch, None
+        if before is not None and bool(before.any()):  # once: at the batch an undeclared env switched in
+            raise self.reading.ended_before()
         missing, self.missing_final = self.missing_final, None
         if missing is not None and bool(missing.any()):  # once per batch
             raise KeyError(
                 "Collector: the env runs in SAME_STEP autoreset mode but its step infos had no final observation "
-                f"({' or '.join(map(repr, _FINAL_OBS_KEYS))}) at a step where an episode ended; a wrapper must "
+                f"({' or '.join(map(repr, FINAL_OBS_KEYS))}) at a step where an episode ended; a wrapper must "
                 "keep them"
             )
+
+    def _read_autoreset(self, info: Mapping[str, Any], done: Tensor) -> None:
+        """Checks the step's infos against the mode read (their keys only: no host sync)."""
+        if self.reading.read(info):  # an undeclared env, switched to SAME_STEP
+            self.autoreset_mode = self.reading.mode
+            if self.recorder is not None:
+                self.recorder.same_step = True
+            # Rows read as NEXT_STEP are right only if no episode ended in them: checked at the batch's end.
+            self.ended_before_switch, self.ever_ended = self.ever_ended, None
+        elif self.reading.undecided:
+            self.ever_ended = done if self.ever_ended is None else self.ever_ended | done
 
     # -- what the env returns ------------------------------------------------------------------
 
@@ -232,7 +258,7 @@ class TorchEnvs:
 
         None where the infos hold none, which is right only if no env of ``done`` ended (checked at the batch's end).
         """
-        for key in _FINAL_OBS_KEYS:
+        for key in FINAL_OBS_KEYS:
             final = info.get(key)
             if final is None:
                 continue

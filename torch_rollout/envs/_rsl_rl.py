@@ -64,16 +64,19 @@ class FromRslRl(VectorEnv):
     ``reset(seed=...)`` is refused.
 
     Args:
-        env: an object with ``num_envs``, ``device``, ``num_actions``,
-            ``get_observations()`` and ``step(actions)`` as above (``reset()`` is
-            called too where it exists).
+        env: an object with ``num_envs``, ``num_actions``, ``get_observations()``
+            and ``step(actions)`` as above (``reset()`` is called too where it
+            exists), and ``device``: where it lacks one (MuJoCo Playground's
+            ``RSLRLBraxWrapper`` on a CPU), the device of the tensors of
+            ``get_observations()``.
         bootstrap: ``"final_obs"``, ``"last_obs"`` or ``"none"`` (see above);
             ``None`` means ``"final_obs"`` where the env has
             ``cfg.compute_final_obs`` True.
 
     Raises:
         ValueError: ``bootstrap`` not one of :data:`BOOTSTRAPS`, or ``None`` for an
-            env that does not say it gives final observations.
+            env that does not say it gives final observations; an env without
+            ``device`` whose observations are not torch tensors on one device.
     """
 
     def __init__(self, env: Any, *, bootstrap: str | None = None) -> None:
@@ -92,10 +95,10 @@ class FromRslRl(VectorEnv):
         self.env = env
         self.bootstrap = bootstrap
         self.num_envs = int(env.num_envs)
-        self.device = torch.device(env.device)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         self.autoreset_mode = AutoresetMode.SAME_STEP
         obs = self._observe()
+        self.device = _device_of(env, obs)
         if isinstance(obs, dict):
             single = spaces.Dict({key: _box(value) for key, value in obs.items()})
         else:
@@ -203,6 +206,27 @@ def _groups(obs: Any, extras: Any) -> Tensor | dict[str, Tensor]:
     if others:  # rsl_rl 2.x: the policy observation as a tensor, the other groups in extras["observations"]
         return {"policy": obs, **{key: value for key, value in others.items() if key != "policy"}}
     return obs
+
+
+def _device_of(env: Any, obs: Tensor | dict[str, Tensor]) -> torch.device:
+    """The env's ``device``, else the one device of its observations' tensors."""
+    device = getattr(env, "device", None)
+    if device is not None:
+        return torch.device(device)
+    leaves = list(obs.values()) if isinstance(obs, dict) else [obs]
+    tensors = all(isinstance(leaf, Tensor) for leaf in leaves)
+    devices = {leaf.device for leaf in leaves if isinstance(leaf, Tensor)}
+    if tensors and len(devices) == 1:
+        return devices.pop()
+    if len(devices) > 1:
+        got = f"tensors on the devices {sorted(map(str, devices))}"
+    else:
+        got = "observations of types " + str(sorted({type(leaf).__name__ for leaf in leaves}))
+    raise ValueError(
+        f"FromRslRl: the env {type(env).__name__} has no attribute `device`, and its get_observations() gives "
+        f"{got}, not torch tensors on one device to take it from; set env.device to the torch device of its "
+        "tensors (e.g. env.device = 'cpu')"
+    )
 
 
 def _names(obs: Tensor | dict[str, Tensor]) -> str:
