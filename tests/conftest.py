@@ -129,7 +129,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     """The CPU kernels the floats come from (``make test`` runs the float-sensitive files under a second set)."""
     import torch
 
-    return f"CPU kernels: torch {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')}"
+    mkl = os.environ.get("MKL_CBWR", "unset")
+    return f"CPU kernels: torch {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={mkl}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
