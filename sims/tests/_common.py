@@ -34,6 +34,7 @@ class Step:
     terminated: Tensor
     truncated: Tensor
     infos: dict[str, Any]
+    extra: Any = None  # what the recorder's ``extra()`` read off the env after the step
 
 
 @dataclass(kw_only=True)
@@ -46,11 +47,14 @@ class Recorder(VectorWrapper):
     """Passes every call through and keeps what the wrapped env returned, so that a test compares rows with it.
 
     The collector finds the env's ``device`` and autoreset mode through ``.env``, as through any wrapper.
+    ``extra()``, if given, is called after each step and its result kept (cloned) in ``Step.extra``: state of the
+    framework that the wrapped env does not return, such as Isaac Lab's own termination flags.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, *, extra: Any = None) -> None:
         super().__init__(env)
         self.record = Record()
+        self.extra = extra
 
     def reset(self, *, seed: Any = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
         obs, infos = self.env.reset(seed=seed, options=options)
@@ -67,6 +71,7 @@ class Recorder(VectorWrapper):
                 terminated=_clone(torch.as_tensor(terminated)),
                 truncated=_clone(torch.as_tensor(truncated)),
                 infos=_clone(infos),
+                extra=None if self.extra is None else _clone(self.extra()),
             )
         )
         return obs, reward, terminated, truncated, infos
@@ -76,22 +81,28 @@ class LinearAgent(nn.Module):
     """A deterministic actor-critic: the action is a linear function of the observation (squashed for a Box in
     [-1, 1], argmax for Discrete), the value another; seeded, so a test recomputes both eagerly."""
 
-    def __init__(self, obs_dim: int, act_dim: int, *, discrete: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self, obs_dim: int, act_dim: int, *, discrete: bool = False, group: str | None = None, seed: int = 0
+    ) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
         self.actor, self.critic = nn.Linear(obs_dim, act_dim), nn.Linear(obs_dim, 1)
         for parameter in self.parameters():
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.5
         self.discrete = discrete
+        self.group = group  # a Dict observation's group the agent reads, e.g. rsl_rl's "policy"
 
-    def act(self, obs: Tensor) -> Tensor:
-        logits = self.actor(obs)
+    def _input(self, obs: Any) -> Tensor:
+        return obs if self.group is None else obs[self.group]
+
+    def act(self, obs: Any) -> Tensor:
+        logits = self.actor(self._input(obs))
         return logits.argmax(-1) if self.discrete else torch.tanh(logits)
 
-    def get_value(self, obs: Tensor) -> Tensor:
-        return self.critic(obs).squeeze(-1)
+    def get_value(self, obs: Any) -> Tensor:
+        return self.critic(self._input(obs)).squeeze(-1)
 
-    def forward(self, obs: Tensor) -> dict[str, Tensor]:
+    def forward(self, obs: Any) -> dict[str, Tensor]:
         return {"action": self.act(obs), "value": self.get_value(obs)}
 
 
@@ -138,7 +149,6 @@ def check_same_step_rows(
     agent: LinearAgent,
     *,
     final_key: str,
-    obs_of: Any = lambda obs: obs,
     flags_of: Any = None,
     gamma: float,
     gae_lambda: float,
@@ -148,8 +158,8 @@ def check_same_step_rows(
     Row ``t`` of step ``s`` must hold the observation the env returned before step ``s``, the action it received,
     its reward and flags, ``next_obs`` the returned observation or, where the episode ended, ``infos[final_key]``;
     ``value`` and ``next_value`` the agent's value of those, recomputed here eagerly; ``advantage`` and ``return``
-    the float64 GAE of them. ``obs_of`` picks the policy's input from an observation (a Dict's group);
-    ``flags_of(step)`` gives the true ``(terminated, truncated)`` where the env's own returned flags are not them.
+    the float64 GAE of them. ``flags_of(step)`` gives the true ``(terminated, truncated)`` where the flags the env
+    returned are not them.
     """
     steps = iter(record.steps)
     obs = record.resets[0]
@@ -176,8 +186,8 @@ def check_same_step_rows(
         _equal(batch["done"], terminated | truncated, f"{where} done")
         assert bool(batch["mask"].all()), f"{where}: SAME_STEP rows are all real, mask={batch['mask']}"
         with torch.no_grad():
-            value = agent.get_value(obs_of(batch["obs"]))
-            next_value = agent.get_value(obs_of(batch["next_obs"]))
+            value = agent.get_value(batch["obs"])
+            next_value = agent.get_value(batch["next_obs"])
         torch.testing.assert_close(batch["value"], value, msg=lambda m, w=where: f"{w} value: {m}")
         live = ~terminated  # a terminated row's next_value is never read
         torch.testing.assert_close(
