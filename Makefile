@@ -3,6 +3,8 @@
 # Both run the float-sensitive test files a second time on other CPU kernels (`make test-kernels`).
 # `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
 # All create .venv and install everything on first use (and again when setup.cfg changes).
+# `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
+# own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +23,11 @@ FLOAT_TESTS ?= tests/test_gae.py tests/test_torch_loop.py tests/test_collector.p
 	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: run test test-quick test-kernels coverage lint clean
+# The frameworks of sims/requirements/*.txt
+SIMS ?= $(basename $(notdir $(wildcard sims/requirements/*.txt)))
+SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
+
+.PHONY: run test test-quick test-kernels coverage test-sims lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +61,17 @@ coverage: $(VENV)/.installed
 		$(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile
 	$(PY) -m coverage combine --quiet
 	$(PY) -m coverage report
+
+# One pytest run per framework, in its venv, with this checkout on PYTHONPATH (not installed there); every
+# framework runs, and the target fails if any did.
+test-sims:
+	TORCH_ROLLOUT_SIMS='$(SIMS_ROOT)' bash sims/build.sh $(SIMS)
+	@failed=; for name in $(SIMS); do \
+		echo "== sims/tests/test_$$name.py in $(SIMS_ROOT)/$$name"; \
+		PYTHONPATH='$(CURDIR)' '$(SIMS_ROOT)'/$$name/bin/python -m pytest -c sims/pytest.ini --rootdir sims \
+			sims/tests/test_$$name.py || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-sims: failed:$$failed"; exit 1; fi
 
 # ruff's formatter and linter, configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -1,0 +1,81 @@
+"""ManiSkill3's PushCube-v1 on PhysX CPU through its ManiSkillVectorEnv: rows against what it returned."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import mani_skill.envs  # noqa: F401  (registers the tasks)
+import pytest
+import torch
+from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+from torch_rollout import GAE, BatchKeys, Collector
+
+from _common import LinearAgent, Recorder, check_same_step_rows
+
+NUM_STEPS, BATCHES = 32, 3
+# Short episodes, so that a few batches hold several time-outs (and their final observations)
+MAX_EPISODE_STEPS = 20
+GAMMA, LAMBDA = 0.99, 0.95
+
+
+@pytest.fixture(scope="module")
+def collected():
+    env = gym.make(
+        "PushCube-v1",
+        obs_mode="state",
+        num_envs=1,  # PhysX CPU steps one env per scene
+        sim_backend="physx_cpu",
+        render_mode=None,
+        render_backend="none",
+        max_episode_steps=MAX_EPISODE_STEPS,
+    )
+    envs = Recorder(ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False))
+    agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
+    with Collector(
+        envs,
+        agent,
+        num_steps=NUM_STEPS,
+        total_timesteps=NUM_STEPS * BATCHES,
+        device="cpu",
+        backend="thread",
+        prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
+        seed=0,
+        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        batches = list(collector)
+    envs.close()
+    return batches, envs.record, agent
+
+
+def test_rows_match_what_maniskill_returned(collected):
+    batches, record, agent = collected
+    assert sum(int(batch["truncated"].sum()) for batch in batches) >= 3, "too few time-outs to check"
+    check_same_step_rows(batches, record, agent, final_key="final_observation", gamma=GAMMA, gae_lambda=LAMBDA)
+
+
+def test_time_outs_bootstrap_from_the_final_observation(collected):
+    batches, record, agent = collected
+    steps = iter(record.steps)
+    for batch in batches:
+        for t in range(NUM_STEPS):
+            step = next(steps)
+            if bool(step.truncated[0]):
+                final = step.infos["final_observation"]
+                assert not torch.equal(final, step.obs), "the reset observation is the final one?"
+                torch.testing.assert_close(batch["next_obs"][t], final)
+                with torch.no_grad():
+                    torch.testing.assert_close(batch["next_value"][t], agent.get_value(final))
+
+
+def test_episode_totals(collected):
+    batches, _, _ = collected
+    length, total = torch.zeros(1, dtype=torch.int64), torch.zeros(1)
+    for batch in batches:
+        for t in range(NUM_STEPS):
+            length, total = length + 1, total + batch["reward"][t]
+            torch.testing.assert_close(batch["episode_length"][t], length)
+            torch.testing.assert_close(batch["episode_return"][t], total)
+            done = batch["done"][t]
+            length, total = torch.where(done, 0, length), torch.where(done, 0.0, total)
+    assert int(length.max()) < MAX_EPISODE_STEPS
