@@ -94,7 +94,7 @@ class FromRslRl(VectorEnv):
         self.autoreset_mode = AutoresetMode.SAME_STEP
         obs = self._observe()
         if isinstance(obs, dict):
-            single = spaces.Dict({key: _box(value) for key, value in obs.items()})
+            single: spaces.Space = spaces.Dict({key: _box(value) for key, value in obs.items()})
         else:
             single = _box(obs)
         self.single_observation_space = single
