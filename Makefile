@@ -1,4 +1,5 @@
-# `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
+# `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and the annotations
+# (mypy), then runs the test-suite.
 # `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
 # Both create .venv and install everything on first use (and again when setup.cfg changes).
 
@@ -29,10 +30,11 @@ test: lint
 test-quick: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
 
-# ruff's formatter and linter, configured in pyproject.toml
+# ruff's formatter and linter, then mypy on the package and tests/typecheck, all configured in pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache
