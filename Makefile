@@ -1,4 +1,5 @@
-# `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and runs the test-suite.
+# `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and the annotations
+# (mypy), then runs the test-suite.
 # `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
 # Both run the float-sensitive test files a second time on other CPU kernels (`make test-kernels`).
 # `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
@@ -73,10 +74,11 @@ test-sims:
 	done; \
 	if [ -n "$$failed" ]; then echo "test-sims: failed:$$failed"; exit 1; fi
 
-# ruff's formatter and linter, configured in pyproject.toml
+# ruff's formatter and linter, then mypy on the package and tests/typecheck, all configured in pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .coverage .coverage.* htmlcov
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .coverage .coverage.* htmlcov

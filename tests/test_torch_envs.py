@@ -517,6 +517,12 @@ def _reset_with(**reset: Any) -> Callable[[], Any]:
             "before any full reset",
             id="mask-before-reset",
         ),
+        pytest.param(
+            lambda: CartPole(2).reset(seed=0, options={"reset_mask": torch.ones(2, dtype=torch.bool)}),
+            RuntimeError,
+            "before any full reset",
+            id="seeded-mask-before-reset",
+        ),
     ],
 )
 def test_errors_name_the_argument_the_value_and_the_fix(call: Callable[[], Any], error: type, message: str) -> None:

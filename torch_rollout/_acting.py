@@ -86,6 +86,7 @@ def call_policy(
         if isinstance(policy, TensorDictModuleBase):
             entries: dict[str, Any] = {obs_key: call.obs}
             if call.state is not None:
+                assert call.is_init is not None  # set with every state
                 entries["is_init"] = call.is_init.unsqueeze(-1)
             td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
             if call.state is not None:
@@ -251,6 +252,7 @@ class Acting:
                     f"{self._state_names()}, got {type(next_state).__name__} ({exc})"
                 ) from None
         keys = set(next_state.keys(include_nested=True, leaves_only=True))
+        assert self.initial_state is not None  # a recurrent policy's call
         want = {str(key): (n, *self.initial_state.get(key).shape[1:]) for key in self.state_keys}
         if keys != set(self.state_keys) or any(
             tuple(next_state.get(key).shape) != want[str(key)] for key in self.state_keys
@@ -271,17 +273,16 @@ class Acting:
         items = _items(raw, self.obs_key)
         for key, value in items.items():
             _check_output(key, value, n, self.device)
-        first = self.layout is None
-        value_key = self.layout.value_key if not first else _value_key(items)
+        layout = self.layout
+        value_key = layout.value_key if layout is not None else _value_key(items)
         if value_key is not None and value_key in items:
             items[value_key] = _checked_value(value_key, items[value_key], n)
-        if first:
+        if layout is None:
             self._check_names(items)
             self.layout = OutputLayout(tuple(items), value_key)
-        elif items.keys() != set(self.layout.keys):
+        elif items.keys() != set(layout.keys):
             raise ValueError(
-                f"Collector: policy output keys changed from {sorted(self.layout.keys)} to {sorted(items)} between "
-                "steps"
+                f"Collector: policy output keys changed from {sorted(layout.keys)} to {sorted(items)} between steps"
             )
         return items
 

@@ -205,8 +205,11 @@ class CudaGraphPolicy:
         if self.graph is None or (not self.owned and [t.data_ptr() for t in _weights(self.policy)] != self.pointers):
             self._record(call)
         inputs = self.inputs
+        assert inputs is not None  # recorded above
         inputs.obs.copy_(call.obs)
         if call.state is not None:
+            # Recorded with a state as well: every call of a recurrent policy has one, with is_init.
+            assert inputs.state is not None and inputs.is_init is not None and call.is_init is not None
             inputs.state.copy_(call.state)
             inputs.is_init.copy_(call.is_init)
         with _CAPTURE_LOCK:  # a replay advances the random generators' offsets: not while another thread records

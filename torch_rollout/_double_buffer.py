@@ -50,7 +50,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
         groups = list(groups)
         _check_groups(groups)
         first = groups[0]
-        self.groups = groups
+        self.groups: list[Any] = groups  # vector envs with the async methods (checked): no one class of gymnasium's
         self.group_size = B = first.num_envs
         self.num_envs = B * len(groups)
         self.env_offset = env_offset

@@ -38,6 +38,7 @@ def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, **placement: An
     loop: RolloutLoop | None = None
 
     def non_finite(name: str, env: int, value: Any, call: str) -> None:
+        assert loop is not None  # made before the driver's first env call
         loop._non_finite(name, env, value, call)
 
     driver: EnvDriver = kind(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -33,7 +33,7 @@ __all__ = ["EnvDriver", "StepRecord"]
 # One value per env of a record: NumPy arrays for the host drivers, tensors on the env's device for the torch one.
 PerEnv = np.ndarray | Tensor
 # Observations as the env returns them: an array or tensor, or a dict (TensorDict) of them for Dict spaces.
-Observations = np.ndarray | Tensor | Mapping[str, Any] | TensorDictBase
+Observations: TypeAlias = np.ndarray | Tensor | Mapping[str, Any] | TensorDictBase
 
 
 @dataclass(slots=True, kw_only=True)

@@ -217,7 +217,7 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
     """
     if "envpool" not in sys.modules:
         return  # no EnvPool pool can exist
-    base = envs.unwrapped
+    base: Any = envs.unwrapped  # past the check below, an EnvPool of the user's own (its config)
     if isinstance(base, EnvPoolVectorEnv) or not _is_pool(base):
         return
     config = base.config

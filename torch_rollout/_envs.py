@@ -157,10 +157,11 @@ def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> Vec
     """
     if isinstance(recipe, str):
         recipe = GymEnvs(recipe)
-    if _takes_start_index(recipe):
-        envs = recipe(num_envs, start_index=start_index)
+    make: Callable[..., VectorEnv] = recipe  # a GymEnvs takes no start_index: _takes_start_index says so
+    if _takes_start_index(make):
+        envs = make(num_envs, start_index=start_index)
     else:
-        envs = recipe(num_envs)
+        envs = make(num_envs)
     if not isinstance(envs, VectorEnv):
         raise TypeError(
             f"Collector: envs={recipe!r} returned {type(envs).__name__}, expected a gymnasium.vector.VectorEnv "
@@ -296,6 +297,7 @@ def _explain_dead_worker(base: AsyncVectorEnv, exc: BaseException) -> BaseExcept
     _shut_down(base)
     index, process = dead[0]
     code = process.exitcode
+    assert code is not None  # it is dead
     cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     error = RuntimeError(
         f"Collector: worker process {index} of the {type(base).__name__} (pid {process.pid}) {cause} "
@@ -365,11 +367,11 @@ def _finish_raise_if_errors(base: AsyncVectorEnv, state: dict[str, Any]) -> Base
     for _ in range(state["num_errors"] - state["i"] - 1):  # the other failed workers, not read yet
         index, _, _, _ = base.error_queue.get()
         base.parent_pipes[index].close()
-        base.parent_pipes[index] = None
+        base.parent_pipes[index] = None  # type: ignore[call-overload]  # gymnasium: list[Connection], sets None too
     index = state["index"]
     if base.parent_pipes[index] is not None:
         base.parent_pipes[index].close()
-        base.parent_pipes[index] = None
+        base.parent_pipes[index] = None  # type: ignore[call-overload]  # gymnasium: list[Connection], sets None too
     base._state = AsyncState.DEFAULT
     value = state["value"]
     error = value if isinstance(value, BaseException) else state["exctype"](value)
@@ -377,7 +379,7 @@ def _finish_raise_if_errors(base: AsyncVectorEnv, state: dict[str, Any]) -> Base
     return error
 
 
-def _shut_down(base: VectorEnv) -> None:
+def _shut_down(base: AsyncVectorEnv) -> None:
     """Terminates and reaps the worker processes of a broken AsyncVectorEnv and marks it closed.
 
     gymnasium's own close() raises on a vector env with a dead worker, and its

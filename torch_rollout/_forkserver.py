@@ -32,6 +32,7 @@ import threading
 import types
 import warnings
 from multiprocessing import connection, forkserver, resource_tracker, util
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ _TASKS = "/proc/self/task"  # one entry per OS thread of this process (Linux)
 _trainer_main: list[types.ModuleType] = []
 
 
-def context() -> multiprocessing.context.BaseContext:
+def context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
     """The multiprocessing context that worker processes start from (forkserver where there is one, else spawn)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -89,7 +90,7 @@ def start_server() -> bool:
     Returns whether it did; otherwise the server starts (or runs already) multiprocessing's own way. Call it
     before anything of the trainer's that the server should not hold a copy of, e.g. shared-memory tensors.
     """
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver  # its private fields, which typeshed does not declare
     if set(vars(server)) not in (_SERVER_FIELDS, _SERVER_FIELDS_WITH_PRELOAD):
         return False
     if getattr(multiprocessing.current_process(), "_inheriting", False):
@@ -100,7 +101,7 @@ def start_server() -> bool:
         if server._forkserver_pid is not None or not fork_is_safe():
             return False
         resource_tracker.ensure_running()  # a process of its own: it comes before the fork, as in ensure_running()
-        address = connection.arbitrary_address("AF_UNIX")
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # typeshed: private, undeclared
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(address)
             if not util.is_abstract_socket_namespace(address):
@@ -108,7 +109,8 @@ def start_server() -> bool:
             listener.listen()
             # Every client holds the write end of the "alive" pipe: the server exits when the last one is gone.
             alive_r, alive_w = os.pipe()
-            util._flush_std_streams()  # what is buffered now would be written again by the server's workers
+            # What is buffered now would be written again by the server's workers.
+            util._flush_std_streams()  # type: ignore[attr-defined]  # typeshed: private, undeclared
             try:
                 with warnings.catch_warnings():
                     # Python 3.12+ warns of any second OS thread; the ones fork_is_safe() allows stop for the fork.
@@ -134,7 +136,7 @@ def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
     """The forked server: lets go of what it inherited from the trainer, then serves multiprocessing's protocol."""
     gc.freeze()  # the trainer's objects are never collected here: no finalizer of theirs runs twice
     # Held by the trainer's thread at the fork: a worker that starts processes of its own takes it.
-    forkserver._forkserver._lock = threading.Lock()
+    forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]  # typeshed: private, undeclared
     os.close(alive_w)
     _release_inherited_fds(keep={0, 1, 2, listener_fd, alive_r})
     signal.set_wakeup_fd(-1)

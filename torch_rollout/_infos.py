@@ -224,6 +224,7 @@ class InfoRecorder:
         """Writes row ``t`` from the infos of step ``t``; ``mask`` is False on NEXT_STEP reset rows."""
         n = self.num_envs
         final = infos.get("final_info") if self.autoreset_mode == AutoresetMode.SAME_STEP and done.any() else None
+        assert self.structures is not None  # learnt before any row records one
         for key, structure in self.structures.items():
             top = _presence(infos, key, n)
             ended = np.zeros(n, dtype=bool)
@@ -235,7 +236,7 @@ class InfoRecorder:
             present = rows[("_" + key,)][t]
             np.logical_or(top, ended, out=present)
             for source, where in ((infos, top), (final, ended)):
-                if where.any():
+                if where.any() and source is not None:  # final is None only where no row ended
                     self._check(source[key], structure, key, where)
             self._write(rows, (key,), structure, t, [(infos, top), (final, ended)])
 
@@ -339,6 +340,7 @@ class TensorInfoRecorder:
     def empty_rows(self, T: int, device: torch.device) -> TensorDict:
         """Zeroed ``[T, N]`` storage shaped like the first step's infos."""
         infos = self.structures
+        assert infos is not None  # learnt from the first step
         final = infos.get("final_info") or {}
         rows = {}
         for key in self.keys:

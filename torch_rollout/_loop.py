@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -85,6 +85,9 @@ class RolloutLoop:
         stop: polled before each step; True raises :class:`Stopped`.
         env_offset: global index of env 0, for error messages and the initial state's rows.
     """
+
+    waiting: StepRecord | None  # observations to act on
+    buffers: deque[HostRows | DeviceRows]  # this batch's rows, then rows acted ahead
 
     def __init__(
         self,
@@ -165,15 +168,16 @@ class RolloutLoop:
         The driver reports NaNs through the loop: without this, the envs would wait in that cycle for the garbage
         collector, which may run in a child process forked meanwhile, where freeing an EnvPool crashes it.
         """
-        self.driver = self.envs = self.infos = self.acting = self.ring = None
+        # None, typed as in use: nothing calls a released loop.
+        self.driver = self.envs = self.infos = self.acting = self.ring = cast(Any, None)
         self.buffers = deque()
         self.waiting = None
 
     def reset(self) -> None:
         N = self.num_envs
         self.row = None
-        self.waiting: StepRecord | None = self.driver.reset(self.seed)  # observations to act on
-        self.buffers: deque[HostRows | DeviceRows] = deque()  # this batch's rows, then rows acted ahead
+        self.waiting = self.driver.reset(self.seed)
+        self.buffers = deque()
         self.first_row = 0  # an env's row index of row 0 of buffers[0]
         self.step = 0  # rows acted on since the reset, when every env steps at once
         self.acted = np.zeros(N, dtype=np.int64)  # rows each env has acted on since the reset, otherwise
@@ -276,12 +280,13 @@ class RolloutLoop:
         state = None if self.recurrent is None else self.recurrent.of(None)
         out_t, version, next_state = self._decide(obs_in, state, None, self.num_envs)
         head.put_acted(t, out_t, version, state)
-        if state is not None:
+        if self.recurrent is not None:
             self.recurrent.carry(next_state, None)
 
     def _act_on_envs(self, record: StepRecord) -> None:
         """The envs of a send/recv pool that came back: acted on at once, their rows written while they step."""
         ids = record.ids
+        assert ids is not None  # a send/recv pool's record names its envs
         rows = self.acted[ids]
         self.acted[ids] = rows + 1
         places = self._locate(ids, rows, allocate=True)
@@ -296,7 +301,7 @@ class RolloutLoop:
         for buffer, sel, flat in places:
             buffer.put_obs_at(flat, select(record.obs, sel))
             buffer.put_acted_at(flat, sel, out_t, version, state)
-        if state is not None:
+        if self.recurrent is not None:
             self.recurrent.carry(next_state, index)
 
     def _decide(
@@ -307,10 +312,15 @@ class RolloutLoop:
         Returns the outputs, the weights' version and a recurrent policy's next state. The envs of a
         send/recv pool step from here on, while their rows are written.
         """
-        call = PolicyCall(obs) if state is None else PolicyCall(obs, state[0], self.recurrent.is_init_tensor(state[1]))
+        if state is None:
+            call = PolicyCall(obs)
+        else:
+            assert self.recurrent is not None  # whose state it is
+            call = PolicyCall(obs, state[0], self.recurrent.is_init_tensor(state[1]))
         out_t, version, next_state = self.acting.act(call, n)
         if self.outputs is None:
             self.outputs = self.acting.layout
+            assert self.outputs is not None  # set by the policy's first call
             # The drivers keep the final observations of episodes only for what needs them.
             self.driver.keep_final = self.outputs.has_value or self.next_obs_key is not None
         if self.check_finite:
@@ -327,6 +337,7 @@ class RolloutLoop:
             self.infos.record(info, 0, record.info, record.done, record.mask)
             info = {path: array[0] for path, array in info.items()}
         ids, stepped = record.ids, record.stepped
+        assert ids is not None  # a send/recv pool's record names its envs
         if stepped is not None:
             ids, rows = ids[stepped], rows[stepped]
             record = _pick(record, stepped)
@@ -352,18 +363,22 @@ class RolloutLoop:
         offset = rows - self.first_row  # >= 0: every env is past the batches delivered
         while allocate and len(self.buffers) <= int(offset.max()) // self.num_steps:
             self.buffers.append(self._new_rows(None))
-        return [(self.buffers[b], sel, flat) for b, sel, flat in _places(ids, offset, self.num_steps, self.num_envs)]
+        # A send/recv pool's driver is a host one: its rows are HostRows.
+        places = _places(ids, offset, self.num_steps, self.num_envs)
+        return [(cast(HostRows, self.buffers[b]), sel, flat) for b, sel, flat in places]
 
     # -- the batch's end: bootstrap values and next observations ---------------------------------
 
     def _deliver(self, head: HostRows | DeviceRows) -> TensorDict:
         """The complete batch of ``head``, with ``done``, ``next_value`` and the next observations."""
+        assert self.outputs is not None  # set by the policy's first call
         batch = head.assemble(self.outputs)
         torch.logical_or(head.entry(batch, "terminated"), head.entry(batch, "truncated"), out=head.entry(batch, "done"))
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
         finals = dense = None
         if self.outputs.has_value or self.next_obs_key is not None:
             if self.on_device and self.num_steps <= DENSE_FINALS_STEPS:
+                assert isinstance(head, DeviceRows)  # the rows of a driver on the device
                 dense = head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
             else:
                 finals = head.gather_finals(self.device)
@@ -375,10 +390,14 @@ class RolloutLoop:
             _fill_next(next_obs, obs, last, finals, dense)
             if own is not None:
                 next_obs.copy_(where_rows(own.to(next_obs.device), obs, next_obs))
-        if self.outputs.has_value:
-            key = self.outputs.value_key
+        key = self.outputs.value_key
+        if key is not None:  # the policy returns values
             value = head.entry(batch, key)
-            last = ahead.outputs[key][0] if ahead is not None else self._last_value()
+            if ahead is not None:
+                assert ahead.outputs is not None  # rows acted on: their outputs stored
+                last = ahead.outputs[key][0]
+            else:
+                last = self._last_value()
             next_value = head.entry(batch, "next_value")
             _fill_next(next_value, value, last, None, None)
             if finals is not None:  # the value of each final observation, not of the reset one after it
@@ -391,6 +410,7 @@ class RolloutLoop:
 
     def _waiting_obs(self, device: torch.device) -> Obs:
         """The observations the next batch starts with, as stored (float64 as float32), on ``device``."""
+        assert self.waiting is not None  # reset: observations to act on
         obs = self.waiting.obs
         if not self.on_device:
             return obs_to_tensor(self.obs_space, obs, device)
@@ -448,7 +468,7 @@ def _places(ids: np.ndarray, offset: np.ndarray, T: int, N: int) -> list[tuple[i
     if int(offset.min()) // T == last:
         return [(last, None, (offset - last * T) * N + ids)]
     batch = offset // T
-    found = []
+    found: list[tuple[int, np.ndarray | None, np.ndarray]] = []
     for b in np.unique(batch).tolist():
         sel = np.flatnonzero(batch == b)
         found.append((b, sel, (offset[sel] - b * T) * N + ids[sel]))
@@ -466,6 +486,8 @@ def _non_finite_error(name: str, env: int, value: Any, call: str, where: tuple[i
 
 def _pick(record: StepRecord, sel: np.ndarray) -> StepRecord:
     """The results of the rows ``sel`` of a record."""
+    assert record.reward is not None and record.terminated is not None and record.truncated is not None
+    assert record.episode_return is not None and record.episode_length is not None  # set with reward
     return StepRecord(
         obs=None,
         reward=record.reward[sel],

@@ -45,7 +45,7 @@ def is_async_pool(envs: VectorEnv) -> bool:
         TypeError: ``envs`` wraps such a pool: the wrapper's ``step`` would
             ``send`` to every env and ``recv`` only ``batch_size`` of them.
     """
-    base = envs.unwrapped
+    base: Any = envs.unwrapped  # past the first check, a send/recv pool (EnvPool's API)
     if not all(callable(getattr(base, name, None)) for name in ("async_reset", "send", "recv")):
         return False
     if not getattr(base, "is_async", False):
@@ -94,8 +94,8 @@ class _HostEnvs:
         """Raises (through ``non_finite``) at the first NaN or inf; ``index`` maps rows to envs."""
         found = self.check_obs.non_finite(obs)
         if found is None and reward is not None:
-            found = first_non_finite(reward)
-            found = None if found is None else ("reward", *found)
+            at = first_non_finite(reward)
+            found = None if at is None else ("reward", *at)
         if found is not None:
             name, env, value = found
             self.non_finite(name, env if index is None else int(index[env]), value, call)
@@ -254,8 +254,9 @@ class SendRecvEnvs(_HostEnvs):
     """
 
     acts_at_once = True
+    envs: Any  # an EnvPool in async mode or a DoubleBufferedVectorEnv: send, recv, async_reset and config
 
-    def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:
+    def __init__(self, envs: Any, **kwargs: Any) -> None:
         config = envs.config
         super().__init__(envs, int(config["batch_size"]), **kwargs)
         if self.autoreset_mode != AutoresetMode.NEXT_STEP:
@@ -323,9 +324,9 @@ class SendRecvEnvs(_HostEnvs):
             in_flight[np.asarray(info["env_id"], dtype=np.intp)] = False
 
     def send(self, action: Tensor, ids: np.ndarray | None) -> None:
-        action = self.to_env_action(action, ids)  # errors name the env, not its place in this recv
+        env_action = self.to_env_action(action, ids)  # errors name the env, not its place in this recv
         self.call = "envs.send()"
-        self.envs.send(action, self.env_id)
+        self.envs.send(env_action, self.env_id)
         self.in_flight[ids] = True
         self.pending[ids] = True
 
@@ -340,6 +341,7 @@ class SendRecvEnvs(_HostEnvs):
             self._check_finite(obs, reward, "envs.recv()", ids)
         if self.reset_infos is None:
             self.reset_infos = info  # the first recv() returns resets
+        stepped: np.ndarray | None  # None below: all of them
         stepped = self.pending[ids]  # these envs' results end the rows they acted on last
         self.pending[ids] = False
         if not stepped.any():

@@ -46,14 +46,20 @@ class Placement(Protocol):
     takes them without a call."""
     autoreset_mode: AutoresetMode
     """The envs' autoreset mode (the workers' envs' where they build them)."""
-    envs: VectorEnv | None
-    """The live vector env when it steps in this process, else None."""
-    weights: dict[str, Tensor] | None
-    """The acting copy's tensors by name, which :meth:`refresh` writes; None when acting with the trainer's module
-    itself, or once closed."""
-    extra_starts: int
-    """Later parts of the seed stream that it reset envs from by itself (a restarted Ray worker's new envs, from
-    ``seed + r * seed_step`` at its ``r``-th restart): the Collector's ``state_dict`` counts them as starts."""
+
+    @property
+    def envs(self) -> VectorEnv | None:
+        """The live vector env when it steps in this process, else None."""
+
+    @property
+    def weights(self) -> dict[str, Tensor] | None:
+        """The acting copy's tensors by name, which :meth:`refresh` writes; None when acting with the trainer's
+        module itself, or once closed."""
+
+    @property
+    def extra_starts(self) -> int:
+        """Later parts of the seed stream that it reset envs from by itself (a restarted Ray worker's new envs, from
+        ``seed + r * seed_step`` at its ``r``-th restart): the Collector's ``state_dict`` counts them as starts."""
 
     @property
     def version(self) -> int:
@@ -143,13 +149,25 @@ class Thread(Backend):
     def copy_reason(self, prefetch: int) -> tuple[str, str]:
         return f"prefetch={prefetch}", "prefetch=0"
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
+    def build(
+        self,
+        envs: VectorEnv | EnvRecipe,
+        policy: nn.Module,
+        *,
+        num_envs: int,
+        spec: LoopSpec,
+        device: torch.device,
+        prefetch: int,
+        seed: int | None,
+        seed_step: int,
+        timeout: float | None,
+    ) -> Placement:
         from torch_rollout._thread import InlinePlacement, ThreadPlacement
 
         # In lockstep the batch is collected in the caller's thread, unless a thread must watch for a timeout.
         placement = InlinePlacement if prefetch == 0 and timeout is None else ThreadPlacement
         owns_envs = not isinstance(envs, VectorEnv)
-        built = build_envs(envs, num_envs) if owns_envs else envs
+        built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs)
         try:
             if prefetch == 0:
                 check_policy_device(policy, device)
@@ -191,7 +209,7 @@ class Processes(Backend):
     def __post_init__(self) -> None:
         _check_workers(self)
 
-    def check(self, envs, policy, compile_options) -> None:
+    def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | CudaGraph | None) -> None:
         instead = "a picklable function make_envs(num_envs) -> VectorEnv (e.g. torch_rollout.gym_envs('CartPole-v1'))"
         _refuse_live_envs(self, envs, "worker process", instead)
         hints = {
@@ -218,10 +236,23 @@ class Processes(Backend):
         if unguarded is not None:
             raise RuntimeError(unguarded)
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
+    def build(
+        self,
+        envs: VectorEnv | EnvRecipe,
+        policy: nn.Module,
+        *,
+        num_envs: int,
+        spec: LoopSpec,
+        device: torch.device,
+        prefetch: int,
+        seed: int | None,
+        seed_step: int,
+        timeout: float | None,
+    ) -> Placement:
         from torch_rollout._forkserver import start_server
         from torch_rollout._process import ProcessPlacement, check_shared_memory
 
+        assert not isinstance(envs, VectorEnv)  # refused by check()
         start_server()  # before the weights go to shared memory: a server forked from here would hold them too
         why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
@@ -275,7 +306,7 @@ class Ray(Backend):
                 f"Ray: options['max_restarts'] must be an int >= 0 (restarts per worker), got {restarts!r}"
             )
 
-    def check(self, envs, policy, compile_options) -> None:
+    def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | CudaGraph | None) -> None:
         from torch_rollout._ray import check_ray_picklable
 
         _refuse_live_envs(self, envs, "Ray worker", "a function make_envs(num_envs) -> VectorEnv")
@@ -284,9 +315,22 @@ class Ray(Backend):
         if compile_options:
             check_ray_picklable("compile_policy", compile_options)
 
-    def build(self, envs, policy, *, num_envs, spec, device, prefetch, seed, seed_step, timeout) -> Placement:
+    def build(
+        self,
+        envs: VectorEnv | EnvRecipe,
+        policy: nn.Module,
+        *,
+        num_envs: int,
+        spec: LoopSpec,
+        device: torch.device,
+        prefetch: int,
+        seed: int | None,
+        seed_step: int,
+        timeout: float | None,
+    ) -> Placement:
         from torch_rollout._ray import RayPlacement
 
+        assert not isinstance(envs, VectorEnv)  # refused by check()
         why, fix = self.copy_reason(prefetch)
         # The acting copy stays in the trainer; Ray's object store carries it to the actors.
         acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)

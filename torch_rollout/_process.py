@@ -136,7 +136,7 @@ class ProcessPlacement(RemotePlacement):
         super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
         self.timeout = startup_timeout  # the collector's timeout: also how long a refresh waits for a forward pass
         ctx = context()
-        self.weights = dict(named_weights(acting_policy))
+        self.weights: dict[str, Tensor] | None = dict(named_weights(acting_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
@@ -255,7 +255,11 @@ class ProcessPlacement(RemotePlacement):
                     pass
 
     def _assemble(self, indices: list[int]) -> TensorDict:
-        parts = [self.slots[k][i] for k, i in enumerate(indices)]
+        parts = []
+        for k, i in enumerate(indices):
+            slots = self.slots[k]
+            assert slots is not None  # came with the worker's first batch
+            parts.append(slots[i])
         if len(parts) == 1:
             # A copy, so that the slot can be refilled: the worker may reuse it prefetch + 1 batches later.
             return parts[0].to(self.device) if self.device.type != "cpu" else parts[0].clone()
@@ -444,7 +448,7 @@ def _set_up_worker_process(rng_seed: int) -> None:
 def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: _WorkerSetup) -> None:
     """Answers each :data:`COLLECT` with a batch written into the next slot, until :data:`STOP`."""
     slots: list[TensorDict] = []
-    credits = 0  # requests that arrived while the worker waited for the trainer to map its slots
+    credits: int | None = 0  # requests that arrived while the worker waited for the trainer to map its slots
     produced = 0
     while True:
         if credits:

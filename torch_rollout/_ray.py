@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -31,7 +32,7 @@ from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
 from torch_rollout._loop import Stopped
-from torch_rollout._messages import STOP, Batch, Failed, Ready
+from torch_rollout._messages import STOP, Batch, Failed, Ready, Stop
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
 from torch_rollout._spec import LoopSpec
 from torch_rollout._weights import named_weights
@@ -399,12 +400,12 @@ class _RayWorker:
     """
 
     def __init__(self) -> None:
-        self.envs = None
+        self.envs: VectorEnv | None = None
         self.out: TensorDict | None = None
 
     def setup(
         self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None, rng_seed: int
-    ) -> tuple:
+    ) -> Ready | Failed:
         import ray
 
         recipe, policy, spec = payload
@@ -450,7 +451,7 @@ class _RayWorker:
     def reseed(self, seed: int | None) -> None:
         self.loop.reseed(seed)
 
-    def collect(self, version: int, weights: np.ndarray | None) -> tuple:
+    def collect(self, version: int, weights: np.ndarray | None) -> Batch | Stop | Failed:
         try:
             if weights is not None:
                 self._load(weights)

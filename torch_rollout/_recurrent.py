@@ -74,6 +74,7 @@ class RecurrentState:
     def advance(self, record: StepRecord) -> None:
         """The state of the envs' next rows: the carried one, or the initial one where an episode starts."""
         ids = record.ids
+        assert record.is_init is not None  # set on every record with results
         if ids is None:
             self.state = self._reset_rows(self.carried, record.is_init, self.initial)
             self.is_init = record.is_init

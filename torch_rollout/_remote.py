@@ -49,7 +49,6 @@ class RemotePlacement:
 
     envs: VectorEnv | None = None  # the envs step in the workers
     autoreset_mode: AutoresetMode
-    extra_starts: int = 0  # workers that build envs anew (Ray's restarts) count the seed stream's parts they take
 
     def __init__(self, *, num_envs: int, num_workers: int, device: torch.device) -> None:
         self.device = device
@@ -62,6 +61,11 @@ class RemotePlacement:
         self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
         self._failure: BaseException | None = None  # a worker's error or death
         self.closed = False
+
+    @property
+    def extra_starts(self) -> int:
+        """Parts of the seed stream past its own that workers building envs anew (Ray's restarts) took: none."""
+        return 0
 
     # -- for subclasses ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -121,13 +121,14 @@ class _Rows:
         self.kept: Any = None  # what a RowRing keeps of these rows
         self.entries: dict[str, Any] = {}  # the batch's entries that the loop's batch end looked up
 
-    def _allocate_outputs(self, out_t: dict[str, Any]) -> None:
-        self.outputs = {key: empty_rows(_widen(value, self.N), self.T, self.store) for key, value in out_t.items()}
-        self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
+    def _allocate_outputs(self, out_t: dict[str, Any]) -> dict[str, Tensor | TensorDictBase]:
+        outputs = {key: empty_rows(_widen(value, self.N), self.T, self.store) for key, value in out_t.items()}
+        self.output_rows = {key: _unbind(value) for key, value in outputs.items()}
+        return outputs
 
     def _put_outputs_row(self, t: int, out_t: dict[str, Any]) -> None:
         if self.outputs is None:
-            self._allocate_outputs(out_t)
+            self.outputs = self._allocate_outputs(out_t)
         for key, value in out_t.items():
             rows = self.output_rows[key]
             if rows is None:
@@ -147,7 +148,8 @@ class _Rows:
         """The batch of the entries ``batch``, with the states and storage for the bootstrap entries."""
         layout, T, N, store = self.layout, self.T, self.N, self.store
         batch["done"] = torch.empty((T, N), dtype=torch.bool, device=store)  # terminated | truncated
-        if outputs.has_value:
+        if outputs.value_key is not None:
+            assert self.outputs is not None  # stored from the policy's first call
             batch["next_value"] = torch.empty_like(self.outputs[outputs.value_key])
         if layout.next_obs_key is not None:
             batch[layout.next_obs_key] = empty_obs(layout.obs_space, (T, N), device=store)
@@ -189,6 +191,7 @@ class HostRows(_Rows):
         self.on_host = self.store.type == "cpu"
         keys = layout.loop_keys
         if out is not None:  # a CPU slot: every row is written into it in place
+            assert outputs is not None  # known when out is given
             self.obs = ObsBuffer.wrap(layout.obs_space, out[layout.obs_key])
             self.host = {key: out[key].numpy() for key in keys}
             self.outputs = {key: out[key] for key in outputs.keys}
@@ -218,6 +221,7 @@ class HostRows(_Rows):
             return row if device.type == "cpu" else row.to(device)  # a view, or an upload to CUDA
         # Batches on CUDA get observations through a page-locked staging row, reused each step: reading the
         # action back synchronizes with the upload.
+        assert self.staging is not None  # given for batches on CUDA
         self.staging.write(slice(None), obs)
         obs_t = to_device(self.staging.tensor, device)
         self.obs.tensor[t] = obs_t
@@ -234,7 +238,7 @@ class HostRows(_Rows):
             self.obs.tensor[rows // self.N, rows % self.N] = obs_to_tensor(self.layout.obs_space, obs, self.store)
 
     def put_acted(
-        self, t: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, np.ndarray] | None
+        self, t: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, np.ndarray | Tensor] | None
     ) -> None:
         """Stores the policy's outputs on row ``t``, the weights' version and the state it acted with."""
         self._put_outputs_row(t, out_t)
@@ -249,11 +253,11 @@ class HostRows(_Rows):
         sel: np.ndarray | None,
         out_t: dict[str, Any],
         version: int,
-        state: tuple[TensorDictBase, np.ndarray] | None,
+        state: tuple[TensorDictBase, np.ndarray | Tensor] | None,
     ) -> None:
         """:meth:`put_acted` at flat positions; ``sel``: the rows of ``out_t`` they are (None: all)."""
         if self.outputs is None:
-            self._allocate_outputs(out_t)
+            self.outputs = self._allocate_outputs(out_t)
             self.views = {
                 key: value.numpy().reshape(self.T * self.N, *value.shape[2:])
                 if isinstance(value, Tensor) and value.device.type == "cpu"
@@ -310,7 +314,7 @@ class HostRows(_Rows):
 
     def put_final(self, t: int, record: StepRecord, carried: TensorDictBase | None) -> None:
         """Keeps the final observations of the envs that ended at step ``t`` and their state after it."""
-        index, obs = record.final
+        index, obs = cast("tuple[np.ndarray, Any]", record.final)  # the host drivers' (envs, their rows)
         states = None
         if carried is not None:
             states = carried[torch.from_numpy(index).to(carried.device)]
@@ -326,8 +330,8 @@ class HostRows(_Rows):
         parts = [obs_to_tensor(space, obs, device) for _, _, obs, _ in self.finals]
         obs = torch.cat(parts)
         states = None
-        if self.finals[0][3] is not None:
-            states = torch.cat([states for *_, states in self.finals])
+        if self.finals[0][3] is not None:  # then every one has its states
+            states = torch.cat([states for *_, states in self.finals if states is not None])
         return torch.from_numpy(ts), torch.from_numpy(envs), obs, states
 
     def own_finals(self) -> None:
@@ -353,6 +357,7 @@ class HostRows(_Rows):
             return self.out  # written in place
         if self.assembled is not None:
             return self.assembled
+        assert self.outputs is not None  # stored from the policy's first call
         batch: dict[str, Any] = {self.layout.obs_key: self.obs.tensor, **self.outputs}
         for key, array in self.host.items():
             batch[key] = to_device(torch.from_numpy(array), store)
@@ -380,6 +385,7 @@ class DeviceRows(_Rows):
             dtypes = {key: torch.from_numpy(np.empty(0, dtype=layout.loop_keys[key])).dtype for key in keys}
             self.rows = {key: torch.empty((T, N), dtype=dtypes[key], device=store) for key in keys}
         else:
+            assert outputs is not None  # known when out is given
             self.obs = out[layout.obs_key]
             self.rows = {key: out[key] for key in keys}
             self.outputs = {key: out[key] for key in outputs.keys}
@@ -404,7 +410,7 @@ class DeviceRows(_Rows):
         return row if self.store == self.layout.device else to_device(row, self.layout.device)
 
     def put_acted(
-        self, index: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, Tensor] | None
+        self, index: int, out_t: dict[str, Any], version: int, state: tuple[TensorDictBase, np.ndarray | Tensor] | None
     ) -> None:
         self._put_outputs_row(index, out_t)
         self.views["policy_version"][index].fill_(version)
@@ -437,12 +443,14 @@ class DeviceRows(_Rows):
             self.owned = True
         if record.final is None:
             return
+        assert record.done is not None  # the record of a step
         device = self.layout.device
         final, done = record.final, record.done if own is None else record.done & ~own
         if self.final_obs is None:
             # Zeroed: a batch valued densely (see dense_finals) calls the policy on rows no episode ended at too.
             self.final_obs = empty_obs(self.layout.obs_space, (self.T, self.N), device=device).zero_()
             self.final_mask = torch.zeros((self.T, self.N), dtype=torch.bool, device=device)
+        assert self.final_mask is not None  # allocated with final_obs
         _write_row(None, self.final_obs, t, to_device(final, device))
         copy_into(self.final_mask[t], done)
         self.ended = True
@@ -454,6 +462,7 @@ class DeviceRows(_Rows):
     def gather_finals(self, device: torch.device) -> tuple[Tensor, Tensor, Obs, TensorDictBase | None] | None:
         if not self.ended:
             return None
+        assert self.final_mask is not None and self.final_obs is not None  # an episode ended: allocated
         ts, envs = self.final_mask.nonzero(as_tuple=True)  # the one host sync of a batch
         states = None if self.final_states is None else self.final_states[ts, envs]
         return ts, envs, self.final_obs[ts, envs], states
@@ -462,6 +471,7 @@ class DeviceRows(_Rows):
         """``(mask [T, N] of the envs that ended, final observations [T, N], states)``, or None: no host sync."""
         if not self.ended:
             return None
+        assert self.final_mask is not None and self.final_obs is not None  # an episode ended: allocated
         return self.final_mask, self.final_obs, self.final_states
 
     def own_finals(self) -> Tensor | None:
@@ -476,9 +486,11 @@ class DeviceRows(_Rows):
         self.filled = 0
         self.rows["mask"].fill_(True)
         if self.ended:
+            assert self.final_mask is not None  # an episode ended: allocated
             self.final_mask.zero_()
             self.ended = False
         if self.owned:
+            assert self.own_mask is not None  # written: allocated
             self.own_mask.zero_()
             self.owned = False
 
@@ -487,6 +499,7 @@ class DeviceRows(_Rows):
             return self.out
         if self.assembled is not None:
             return self.assembled
+        assert self.outputs is not None  # stored from the policy's first call
         batch = {self.layout.obs_key: self.obs, **self.outputs, **self.rows}
         if self.info is not None:
             batch["info"] = self.info
@@ -552,7 +565,7 @@ def _views(nest: _Nest) -> TensorDict:
 
 
 # torch's private count of a storage's references: without it, every batch gets new storage.
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+_USE_COUNT: Any = getattr(torch._C, "_storage_Use_Count", None)
 # A TensorDict made without checking its entries: they are those of a batch checked when it was made.
 _new_tensordict = getattr(TensorDict, "_new_unsafe", TensorDict)
 

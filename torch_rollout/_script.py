@@ -121,7 +121,7 @@ def _bound_names(path: str, mtime_ns: int, size: int) -> set[str]:
                 for child in ast.iter_child_nodes(node):
                     if isinstance(child, ast.stmt):
                         visit([child])
-                    elif isinstance(child, ast.excepthandler | ast.match_case):
+                    elif isinstance(child, ast.ExceptHandler | ast.match_case):
                         visit(child.body)
                     else:
                         names.update(n.id for n in ast.walk(child) if isinstance(n, ast.Name) and _stores(n))
@@ -152,7 +152,7 @@ def unguarded_call() -> str | None:
     path = getattr(main, "__file__", None)
     if path is None or not os.path.isfile(path):
         return None
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     script = os.path.realpath(path)
     while frame is not None:
         if (

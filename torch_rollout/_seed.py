@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.distributed
 
-__all__ = ["Seed", "resolve_seed"]
+__all__ = ["Seed", "resolve_seed", "seed_step"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,16 @@ class Seed:
     def env_seed(self, j: int, *, num_envs: int, start: int = 0) -> int:
         """The seed env ``j`` of ``num_envs`` is reset with in the collector's ``start``-th start on the stream."""
         seed = self.resolved()
+        assert seed.rank is not None and seed.world_size is not None  # resolved() sets both
         return seed.value + (start * seed.world_size + seed.rank) * num_envs + j
+
+
+def seed_step(seed: Seed | None, num_envs: int) -> int:
+    """How far apart on the stream a rank's successive starts of ``num_envs`` envs are (1 without a seed)."""
+    if seed is None:
+        return 1
+    assert seed.world_size is not None  # a resolved seed (see resolve_seed)
+    return seed.world_size * num_envs
 
 
 def resolve_seed(seed: Any) -> Seed | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 # A batch of observations: a tensor, or a TensorDict for Dict spaces.
-Obs = Tensor | TensorDict
+Obs: TypeAlias = Tensor | TensorDict
 
 _LEAF_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -119,7 +119,7 @@ class ObsBuffer:
             return {key: cls._views(tensor[key]) for key in tensor.keys()}
         return tensor.numpy()
 
-    def write(self, index: int | slice, obs: Any) -> None:
+    def write(self, index: int | slice | tuple[np.ndarray, np.ndarray], obs: Any) -> None:
         """Copies the env's ``obs`` into ``self.tensor[index]`` (casting float64 to float32); host only."""
         _write(self.arrays, index, obs)
 
@@ -129,7 +129,7 @@ def empty_obs(space: spaces.Space, prefix: tuple[int, ...], *, device: torch.dev
     return ObsBuffer._alloc(space, prefix, torch.device(device), False)
 
 
-def _write(dst: Any, index: int | slice, obs: Any) -> None:
+def _write(dst: Any, index: int | slice | tuple[np.ndarray, np.ndarray], obs: Any) -> None:
     if isinstance(dst, dict):
         for key, sub in dst.items():
             _write(sub, index, obs[key])
@@ -158,12 +158,13 @@ def select_obs(space: spaces.Space, obs: Any, index: np.ndarray) -> Any:
     return np.asarray(obs)[index]
 
 
-def stack_final_obs(space: spaces.Space, final_obs: np.ndarray, index: np.ndarray) -> Any:
+def stack_final_obs(space: spaces.Space, final_obs: np.ndarray | Mapping[str, Any], index: np.ndarray) -> Any:
     """Stacks the per-env ``final_obs`` entries (an object array from SAME_STEP infos) at ``index``.
 
     Dense final observations (an array of every env's, or a dict of them for a Dict space) are indexed instead.
     """
     if isinstance(final_obs, Mapping):
+        assert isinstance(space, spaces.Dict)  # a dict of arrays: the observations of a Dict space
         return {key: np.asarray(final_obs[key])[index] for key in space.spaces}
     items = [final_obs[i] for i in index]
     if isinstance(space, spaces.Dict):
@@ -255,7 +256,7 @@ def describe_bad_single_obs(space: spaces.Space, observations: list[Any], *, env
     Env ``i`` of ``observations`` is named ``env_offset + i``.
     """
     for index, obs in enumerate(observations, start=env_offset):
-        leaves = [((), "observation", space)]
+        leaves: list[tuple[tuple[str, ...], str, spaces.Space]] = [((), "observation", space)]
         if isinstance(space, spaces.Dict):
             leaves = [((key,), f"observation[{key!r}]", sub) for key, sub in space.spaces.items()]
         for keys, name, sub in leaves:
@@ -291,6 +292,8 @@ class ActionConverter:
         self.shape = (num_envs,) + _space_shape(space)
         self.dtype = np.dtype(space.dtype)
         self.discrete = not isinstance(space, spaces.Box)
+        self.start: int | np.ndarray
+        self.count: int | np.ndarray
         if isinstance(space, spaces.Box):
             self.low, self.high = space.low, space.high
         elif isinstance(space, spaces.Discrete):

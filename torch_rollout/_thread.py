@@ -10,7 +10,8 @@ apply to the policy's forward.
 
 from __future__ import annotations
 
-import _signal  # signal.signal without its enum conversions, which cost more than the call: twice a batch
+# signal.signal without its enum conversions, which cost more than the call: twice a batch
+import _signal  # type: ignore[import-not-found]  # typeshed has no stub for signal's C module
 import collections
 import contextlib
 import queue
@@ -206,6 +207,7 @@ class ThreadPlacement(_LocalPlacement):
                         return
                     batch = self.loop.collect()
                     if consumer is not None:
+                        assert self.stream is not None  # a consumer's stream is taken only with a stream of the loop's
                         _hand_over(batch, self.stream, consumer)
                     self._deliver(batch, None)
         except Stopped:
@@ -247,7 +249,8 @@ class ThreadPlacement(_LocalPlacement):
 
     def _stuck_in(self) -> str:
         """The call the loop is inside and the thread's innermost frames: where a thread that did not stop is."""
-        frame = sys._current_frames().get(self.thread.ident)
+        ident = self.thread.ident  # None: never started
+        frame = None if ident is None else sys._current_frames().get(ident)
         frames = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else ""
         return f"{self.loop.call}, at:\n{frames}"
 

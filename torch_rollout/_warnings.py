@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from types import FrameType
 
 __all__ = ["warn"]
 
@@ -17,6 +18,7 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     A fixed ``stacklevel`` breaks whenever the call path changes (the placement that
     builds the loop, a decorator); this one counts the package's own frames.
     """
+    frame: FrameType | None
     level, frame = 2, sys._getframe(1)  # stacklevel 2: the caller of this function
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         level, frame = level + 1, frame.f_back

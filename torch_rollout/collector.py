@@ -8,7 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import gymnasium
 import torch
@@ -22,7 +22,7 @@ from torch_rollout._devices import indexed
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
 from torch_rollout._placement import Backend, Placement, resolve_backend
-from torch_rollout._seed import Seed, resolve_seed
+from torch_rollout._seed import Seed, resolve_seed, seed_step
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
 from torch_rollout._warnings import warn
 from torch_rollout._weights import weight_pairs
@@ -53,11 +53,17 @@ _RETIRED = {
 }
 
 
-def _retired_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """Refuses the keywords of :data:`_RETIRED` with a TypeError that gives each one's new spelling."""
+_P = ParamSpec("_P")
+
+
+def _retired_keywords(init: Callable[Concatenate[Collector, _P], None]) -> Callable[Concatenate[Collector, _P], None]:
+    """Refuses the keywords of :data:`_RETIRED` with a TypeError that gives each one's new spelling.
+
+    ``__init__``'s signature stays the one that type checkers see.
+    """
 
     @functools.wraps(init)
-    def checked(self: Collector, *args: Any, **kwargs: Any) -> None:
+    def checked(self: Collector, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
         retired = [name for name in kwargs if name in _RETIRED]
         if retired:
             self.closed = True
@@ -248,7 +254,7 @@ class Collector:
             prefetch=prefetch,
             seed=None if seeding is None else seeding.env_seed(0, num_envs=num_envs),
             # a placement that builds envs anew (a restarted Ray worker) seeds them from its rank's next part
-            seed_step=1 if seeding is None else seeding.world_size * num_envs,
+            seed_step=seed_step(seeding, num_envs),
             timeout=timeout,
         )
         self.envs = self._placement.envs
@@ -534,9 +540,10 @@ def _check_envs(envs: Any) -> None:
     if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
         hint = ""
         if isinstance(envs, gymnasium.Env):
-            batched = isinstance(getattr(envs, "num_envs", None), int) and envs.num_envs > 1
+            num_envs = getattr(envs, "num_envs", None)  # a batched env's: no attribute of gymnasium.Env
+            batched = isinstance(num_envs, int) and num_envs > 1
             hint = (
-                f" with num_envs={envs.num_envs}, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in "
+                f" with num_envs={num_envs}, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in "
                 "Isaac Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
                 if batched
                 else " (wrap a single env with gymnasium.vector.SyncVectorEnv)"

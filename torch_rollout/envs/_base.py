@@ -265,14 +265,15 @@ class TorchVectorEnv(VectorEnv[Tensor, Tensor, Tensor]):
         self._check_open("reset")
         mask = self._reset_mask(options)
         keys = self._seed_keys(seed)
+        if mask is not None and self._keys is None:  # with a seed or without
+            raise RuntimeError(
+                f"{self!r}.reset(options={{'reset_mask': ...}}) before any full reset: the envs outside the "
+                "mask have no episode to go on with; call reset(seed=...) first"
+            )
         if keys is None and self._keys is None:
-            if mask is not None:
-                raise RuntimeError(
-                    f"{self!r}.reset(options={{'reset_mask': ...}}) before any full reset: the envs outside the "
-                    "mask have no episode to go on with; call reset(seed=...) first"
-                )
             keys = self._drawn_keys(self.num_envs)
         if keys is None:  # each env's next episode in its stream
+            assert self._keys is not None  # else keys were drawn above
             keys, episodes = self._keys, self._episodes + 1
         else:
             episodes = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
@@ -283,6 +284,7 @@ class TorchVectorEnv(VectorEnv[Tensor, Tensor, Tensor]):
             self._steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
             self._ended = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         else:
+            assert self._keys is not None and self.state is not None  # a masked reset comes after a full one
             self._keys = torch.where(mask, keys, self._keys)
             self._key_words = torch.where(mask, key_words, self._key_words)
             self._episodes = torch.where(mask, episodes, self._episodes)

@@ -100,7 +100,7 @@ class FromRslRl(VectorEnv):
         obs = self._observe()
         self.device = _device_of(env, obs)
         if isinstance(obs, dict):
-            single = spaces.Dict({key: _box(value) for key, value in obs.items()})
+            single: spaces.Space = spaces.Dict({key: _box(value) for key, value in obs.items()})
         else:
             single = _box(obs)
         self.single_observation_space = single
