@@ -519,15 +519,32 @@ class RslRlCartPole:
     ``extras["observations"]`` (Isaac Lab up to 2.1), ``"2.x-critic"`` with the critic group only there.
     ``final_obs``: puts the groups before the same-step reset in ``extras["final_obs"]`` (Isaac Lab's
     ``compute_final_obs``); ``declares``: ``cfg.compute_final_obs`` on ``unwrapped``, as Isaac Lab's wrapper has it.
-    ``finals`` keeps each step's true final observations and time-outs, for the tests to value by hand.
+    ``both``: the terminations of even envs reach their time limit too (``dones`` and ``time_outs`` both set, as
+    Isaac Lab's ``RslRlVecEnvWrapper`` passes a step that both terminated and timed out); ``beneath``: ``unwrapped``
+    keeps the flags apart in ``reset_terminated`` and ``reset_time_outs``, as Isaac Lab's ``DirectRLEnv`` does.
+    ``finals`` keeps each step's true final observations and time-outs that bootstrap (not terminated), for the
+    tests to value by hand.
     """
 
-    def __init__(self, num_envs: int, *, layout: str = "3.x", final_obs: bool = False, declares: bool = False) -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        *,
+        layout: str = "3.x",
+        final_obs: bool = False,
+        declares: bool = False,
+        both: bool = False,
+        beneath: bool = True,
+    ) -> None:
         self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
         self.num_envs, self.device, self.num_actions = num_envs, self.envs.device, 1
-        self.layout, self.final_obs = layout, final_obs
+        self.layout, self.final_obs, self.both = layout, final_obs, both
         self.unwrapped = types.SimpleNamespace(cfg=types.SimpleNamespace(compute_final_obs=declares))
+        if beneath:
+            self.unwrapped.reset_terminated = torch.zeros(num_envs, dtype=torch.bool)
+            self.unwrapped.reset_time_outs = torch.zeros(num_envs, dtype=torch.bool)
         self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.both_flags: list[torch.Tensor] = []  # each step's envs that terminated and timed out
         self.obs, _ = self.envs.reset(seed=0)
 
     def groups(self, obs: torch.Tensor) -> TensorDict:
@@ -542,7 +559,12 @@ class RslRlCartPole:
 
     def step(self, actions: torch.Tensor) -> tuple:
         self.obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
-        self.finals.append((infos["final_obs"].clone(), truncated.clone()))
+        self.finals.append((infos["final_obs"].clone(), truncated & ~terminated))
+        if self.both:
+            truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
+        self.both_flags.append(terminated & truncated)
+        if hasattr(self.unwrapped, "reset_terminated"):  # in place, as Isaac Lab's buffers
+            self.unwrapped.reset_terminated[:], self.unwrapped.reset_time_outs[:] = terminated, truncated
         extras = {"time_outs": truncated}
         if self.final_obs:
             extras["final_obs"] = self.groups(infos["final_obs"])
@@ -666,6 +688,40 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(lay
     done = batch["done"]
     assert torch.equal(batch["next_obs", "policy"][done], finals[done])
     assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
+
+
+@pytest.mark.parametrize("bootstrap", [None, "last_obs", "none"])
+def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_read_from_the_env_beneath(bootstrap):
+    """dones and time_outs both set, where unwrapped.reset_terminated says it terminated: no bootstrap, exact."""
+    env, policy = RslRlCartPole(N, final_obs=bootstrap is None, declares=True, both=True), GroupPolicy()
+    keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
+    batch = torch.cat(collect(FromRslRl(env, bootstrap=bootstrap), policy, seed=None, keys=keys))
+    both = torch.stack(env.both_flags[: len(batch)])
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    assert both.any() and time_outs.any()
+    assert batch["terminated"][both].all() and not batch["truncated"][both].any()
+    assert not batch["info", "bootstrap"][both].any()  # terminations: exact whatever bootstrap says
+    if bootstrap is None:
+        assert torch.equal(batch["truncated"], time_outs) and not batch["info", "bootstrap"].any()
+        torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+    elif bootstrap == "last_obs":
+        assert torch.equal(batch["truncated"], time_outs)
+        assert (batch["info", "bootstrap"][time_outs] == 1).all()
+    else:
+        assert torch.equal(batch["terminated"], batch["done"]) and (batch["info", "bootstrap"][time_outs] == 2).all()
+
+
+def test_rsl_rl_style_time_outs_that_may_have_terminated_are_marked_where_nothing_beneath_tells():
+    """Without an env beneath to ask, a time-out bootstrapped from extras["final_obs"] is marked 3, never exact."""
+    env, policy = RslRlCartPole(N, final_obs=True, declares=True, both=True, beneath=False), GroupPolicy()
+    keys = BatchKeys(info_keys=("bootstrap",))
+    batch = torch.cat(collect(FromRslRl(env), policy, seed=None, keys=keys))
+    both = torch.stack(env.both_flags[: len(batch)])
+    _, time_outs = _true_final_values(policy, env, len(batch))
+    assert both.any() and batch["truncated"][both].all()  # the approximation, as the env gives it
+    assert torch.equal(batch["truncated"], time_outs | both)
+    marks = batch["info", "bootstrap"]
+    assert (marks[batch["truncated"]] == 3).all() and not marks[~batch["truncated"]].any()
 
 
 def test_rsl_rl_style_envs_that_promise_final_obs_and_give_none_raise():

@@ -102,12 +102,6 @@ def test_time_outs_bootstrap_from_final_obs(isaac_env):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RslRlVecEnvWrapper hands rsl_rl dones = terminated | truncated and extras['time_outs'] = truncated, so "
-    "FromRslRl makes a step that both terminated and timed out terminated=False, truncated=True: it bootstraps "
-    "from its final observation, where Isaac Lab says the episode terminated",
-)
 def test_steps_that_terminate_at_the_time_limit_do_not_bootstrap(isaac_env):
     # Episodes of 1 step and a cart bound inside the reset range (-1, 1): every step times out, and those that end
     # with the cart beyond the bound terminate too
