@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from torch_rollout import BatchKeys, Collector
-from torch_rollout.envs import CartPole, FromRslRl, Pendulum
+from torch_rollout.envs import CartPole, FromIsaacLab, FromRslRl, Pendulum
 
 from placements import PLACEMENTS, local_ray, on_ray
 from rowwise import RowwiseLinear
@@ -816,6 +816,97 @@ def test_gymnasium_style_isaac_lab_envs_bootstrap_time_outs_from_their_final_obs
     expected, time_outs = _true_final_values(policy, env, len(batch))
     assert time_outs.any() and torch.equal(batch["truncated"], time_outs)
     torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+
+
+class IsaacLabEnv(gym.Env):
+    """CartPole as Isaac Lab's own DirectRLEnv presents itself: a batched gymnasium.Env of torch tensors.
+
+    ``num_envs``, ``device``, ``cfg.compute_final_obs``, ``single_observation_space`` a Dict of groups; ``step``
+    returns Isaac Lab's own flag buffers (written in place at the next step) and keeps ``extras["final_obs"]``
+    from the last step that reset an env, as Isaac Lab's persistent extras do. The terminations of even envs reach
+    their time limit too: both flags set.
+    """
+
+    def __init__(self, num_envs: int, *, compute_final_obs: bool = True) -> None:
+        self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
+        self.num_envs, self.device = num_envs, str(self.envs.device)
+        self.cfg = types.SimpleNamespace(compute_final_obs=compute_final_obs)
+        box = self.envs.single_observation_space
+        self.single_observation_space = gym.spaces.Dict({"policy": box, "critic": box})
+        self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.reset_terminated = torch.zeros(num_envs, dtype=torch.bool)
+        self.reset_time_outs = torch.zeros(num_envs, dtype=torch.bool)
+        self.extras: dict[str, Any] = {"log": {}}
+        self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.both_flags: list[torch.Tensor] = []
+
+    def groups(self, obs: torch.Tensor) -> dict:
+        return {"policy": obs, "critic": 2 * obs}
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple:
+        obs, _ = self.envs.reset(seed=seed, options=options)
+        return self.groups(obs), self.extras
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
+        final = infos["final_obs"]
+        self.finals.append((final.clone(), truncated & ~terminated))
+        truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
+        self.both_flags.append(terminated & truncated)
+        self.reset_terminated[:], self.reset_time_outs[:] = terminated, truncated
+        if self.cfg.compute_final_obs and bool((terminated | truncated).any()):
+            self.extras["final_obs"] = self.groups(final.clone())
+        return self.groups(obs), reward, self.reset_terminated, self.reset_time_outs, self.extras
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param(lambda env: gym.wrappers.OrderEnforcing(env), id="gym.make"),
+        pytest.param(lambda env: env, id="unwrapped"),
+        pytest.param(FromIsaacLab, id="FromIsaacLab"),
+    ],
+)
+def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their_final_obs(given):
+    """As they are: SAME_STEP, groups as a Dict, both flags set a termination, time-outs from extras["final_obs"]."""
+    env, policy = IsaacLabEnv(N), GroupPolicy()
+    options = dict(num_steps=T, device="cpu", seed=5, timeout=TIMEOUT, total_timesteps=4 * T * N)
+    with Collector(given(env), policy, keys=BatchKeys(next_obs=True), **options) as collector:
+        assert isinstance(collector.envs, FromIsaacLab) and collector.autoreset_mode == AutoresetMode.SAME_STEP
+        batch = torch.cat(list(collector))
+    assert isinstance(batch["obs"], TensorDict) and set(batch["obs"].keys()) == {"policy", "critic"}
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    both = torch.stack(env.both_flags[: len(batch)])
+    assert time_outs.any() and both.any()
+    assert torch.equal(batch["truncated"], time_outs)
+    assert torch.equal(batch["terminated"], batch["done"] & ~time_outs) and batch["terminated"][both].all()
+    torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+    finals = torch.stack([final for final, _ in env.finals[: len(batch)]])
+    done = batch["done"]
+    assert torch.equal(batch["next_obs", "policy"][done], finals[done])
+    assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
+    going_on = ~done[:-1]
+    assert torch.equal(batch["next_obs", "policy"][:-1][going_on], batch["obs", "policy"][1:][going_on])
+
+
+def test_isaac_lab_own_envs_built_by_a_recipe_are_vector_envs_too():
+    got = collect(lambda num_envs: IsaacLabEnv(num_envs), GroupPolicy(), backend="thread")
+    expected = collect(FromIsaacLab(IsaacLabEnv(N)), GroupPolicy())
+    assert_same_batches(got, expected, ("action", "reward", "terminated", "truncated", "value", "next_value"))
+
+
+def test_isaac_lab_own_envs_without_compute_final_obs_name_it_and_the_ways_forward():
+    message = (
+        "FromIsaacLab: Isaac Lab's IsaacLabEnv has cfg.compute_final_obs=False, so its step does not keep the "
+        "observation before its same-step reset (extras['final_obs']) and a time-out has nothing to bootstrap from; "
+        "set env_cfg.compute_final_obs = True before gym.make(task, cfg=env_cfg) for exact bootstraps, or step it "
+        "through Isaac Lab's RslRlVecEnvWrapper and torch_rollout.envs.FromRslRl(wrapper, bootstrap='last_obs')"
+    )
+    env = gym.wrappers.OrderEnforcing(IsaacLabEnv(N, compute_final_obs=False))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Collector(env, GroupPolicy(), num_steps=T, device="cpu")
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)

@@ -21,6 +21,7 @@ from torch_rollout._compile import check_compile_policy
 from torch_rollout._devices import indexed
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
+from torch_rollout._isaac_lab import adapt_isaac_lab
 from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
@@ -210,6 +211,7 @@ class Collector:
         seeding = resolve_seed(seed)
         compile_options = check_compile_policy(compile_policy)
         _check_policy(policy)
+        given, envs = envs, adapt_isaac_lab(envs)
         _check_envs(envs)
         self.device = _resolve_device(device)
         chosen = resolve_backend(backend, envs, policy, self.device)
@@ -256,7 +258,8 @@ class Collector:
         self.total_timesteps = total_timesteps
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
-        self._driven = _claim(envs, self) if isinstance(envs, VectorEnv) else None
+        # Isaac Lab's own env: claimed as itself, not as the adapter made for this collector
+        self._driven = _claim(given if envs is not given else envs, self) if isinstance(envs, VectorEnv) else None
         self.seed = seeding
         self.closed = False
         _live.add(self)
@@ -534,11 +537,12 @@ def _check_envs(envs: Any) -> None:
     if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
         hint = ""
         if isinstance(envs, gymnasium.Env):
-            batched = isinstance(getattr(envs, "num_envs", None), int) and envs.num_envs > 1
+            num = getattr(envs.unwrapped, "num_envs", None)
             hint = (
-                f" with num_envs={envs.num_envs}, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in "
-                "Isaac Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
-                if batched
+                f" with num_envs={num}, a batched env: present it as a gymnasium.vector.VectorEnv of its num_envs "
+                "envs (torch_rollout.envs.FromIsaacLab does so for Isaac Lab's own envs, which the collector "
+                "recognises by their cfg.compute_final_obs)"
+                if isinstance(num, int) and num > 1
                 else " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
             )
         raise TypeError(
