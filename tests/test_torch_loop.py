@@ -520,8 +520,10 @@ class RslRlCartPole:
     ``final_obs``: puts the groups before the same-step reset in ``extras["final_obs"]`` (Isaac Lab's
     ``compute_final_obs``); ``declares``: ``cfg.compute_final_obs`` on ``unwrapped``, as Isaac Lab's wrapper has it.
     ``both``: the terminations of even envs reach their time limit too (``dones`` and ``time_outs`` both set, as
-    Isaac Lab's ``RslRlVecEnvWrapper`` passes a step that both terminated and timed out); ``beneath``: ``unwrapped``
-    keeps the flags apart in ``reset_terminated`` and ``reset_time_outs``, as Isaac Lab's ``DirectRLEnv`` does.
+    Isaac Lab's ``RslRlVecEnvWrapper`` passes a step that both terminated and timed out); ``beneath``: where
+    ``unwrapped`` keeps the flags apart: ``"buffers"`` in ``reset_terminated`` and ``reset_time_outs`` (Isaac Lab's
+    ``DirectRLEnv``), ``"manager"`` in ``termination_manager.terminated`` and ``.time_outs`` (``ManagerBasedRLEnv``),
+    ``None`` nowhere.
     ``finals`` keeps each step's true final observations and time-outs that bootstrap (not terminated), for the
     tests to value by hand.
     """
@@ -534,15 +536,20 @@ class RslRlCartPole:
         final_obs: bool = False,
         declares: bool = False,
         both: bool = False,
-        beneath: bool = True,
+        beneath: str | None = "buffers",
     ) -> None:
         self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
         self.num_envs, self.device, self.num_actions = num_envs, self.envs.device, 1
         self.layout, self.final_obs, self.both = layout, final_obs, both
         self.unwrapped = types.SimpleNamespace(cfg=types.SimpleNamespace(compute_final_obs=declares))
-        if beneath:
-            self.unwrapped.reset_terminated = torch.zeros(num_envs, dtype=torch.bool)
-            self.unwrapped.reset_time_outs = torch.zeros(num_envs, dtype=torch.bool)
+        flags = types.SimpleNamespace(
+            terminated=torch.zeros(num_envs, dtype=torch.bool), time_outs=torch.zeros(num_envs, dtype=torch.bool)
+        )
+        self.flags = flags
+        if beneath == "buffers":  # DirectRLEnv's
+            self.unwrapped.reset_terminated, self.unwrapped.reset_time_outs = flags.terminated, flags.time_outs
+        elif beneath == "manager":  # ManagerBasedRLEnv's termination manager
+            self.unwrapped.termination_manager = flags
         self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.both_flags: list[torch.Tensor] = []  # each step's envs that terminated and timed out
         self.obs, _ = self.envs.reset(seed=0)
@@ -563,8 +570,7 @@ class RslRlCartPole:
         if self.both:
             truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
         self.both_flags.append(terminated & truncated)
-        if hasattr(self.unwrapped, "reset_terminated"):  # in place, as Isaac Lab's buffers
-            self.unwrapped.reset_terminated[:], self.unwrapped.reset_time_outs[:] = terminated, truncated
+        self.flags.terminated[:], self.flags.time_outs[:] = terminated, truncated  # in place, as Isaac Lab's
         extras = {"time_outs": truncated}
         if self.final_obs:
             extras["final_obs"] = self.groups(infos["final_obs"])
@@ -690,10 +696,14 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(lay
     assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
 
 
+@pytest.mark.parametrize("beneath", ["buffers", "manager"])
 @pytest.mark.parametrize("bootstrap", [None, "last_obs", "none"])
-def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_read_from_the_env_beneath(bootstrap):
-    """dones and time_outs both set, where unwrapped.reset_terminated says it terminated: no bootstrap, exact."""
-    env, policy = RslRlCartPole(N, final_obs=bootstrap is None, declares=True, both=True), GroupPolicy()
+def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_read_from_the_env_beneath(
+    bootstrap, beneath
+):
+    """dones and time_outs both set, where the env beneath says it terminated: no bootstrap, exact."""
+    env = RslRlCartPole(N, final_obs=bootstrap is None, declares=True, both=True, beneath=beneath)
+    policy = GroupPolicy()
     keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
     batch = torch.cat(collect(FromRslRl(env, bootstrap=bootstrap), policy, seed=None, keys=keys))
     both = torch.stack(env.both_flags[: len(batch)])
@@ -713,7 +723,7 @@ def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_re
 
 def test_rsl_rl_style_time_outs_that_may_have_terminated_are_marked_where_nothing_beneath_tells():
     """Without an env beneath to ask, a time-out bootstrapped from extras["final_obs"] is marked 3, never exact."""
-    env, policy = RslRlCartPole(N, final_obs=True, declares=True, both=True, beneath=False), GroupPolicy()
+    env, policy = RslRlCartPole(N, final_obs=True, declares=True, both=True, beneath=None), GroupPolicy()
     keys = BatchKeys(info_keys=("bootstrap",))
     batch = torch.cat(collect(FromRslRl(env), policy, seed=None, keys=keys))
     both = torch.stack(env.both_flags[: len(batch)])
@@ -889,6 +899,13 @@ def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their
     assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
     going_on = ~done[:-1]
     assert torch.equal(batch["next_obs", "policy"][:-1][going_on], batch["obs", "policy"][1:][going_on])
+
+
+def test_isaac_lab_own_envs_are_stepped_by_one_collector_at_a_time():
+    env = gym.wrappers.OrderEnforcing(IsaacLabEnv(N))
+    with Collector(env, GroupPolicy(), num_steps=T, device="cpu"):
+        with pytest.raises(ValueError, match=re.escape("Collector: envs is already driven by another open")):
+            Collector(env.unwrapped, GroupPolicy(), num_steps=T, device="cpu")
 
 
 def test_isaac_lab_own_envs_built_by_a_recipe_are_vector_envs_too():
