@@ -832,9 +832,9 @@ class IsaacLabEnv(gym.Env):
     """CartPole as Isaac Lab's own DirectRLEnv presents itself: a batched gymnasium.Env of torch tensors.
 
     ``num_envs``, ``device``, ``cfg.compute_final_obs``, ``single_observation_space`` a Dict of groups; ``step``
-    returns Isaac Lab's own flag buffers (written in place at the next step) and keeps ``extras["final_obs"]``
-    from the last step that reset an env, as Isaac Lab's persistent extras do. The terminations of even envs reach
-    their time limit too: both flags set.
+    returns Isaac Lab's own flag buffers (written in place at the next step), and ``extras["final_obs"]`` whose rows
+    of envs that did not end are an older step's, as Isaac Lab's persistent extras are. The terminations of even
+    envs reach their time limit too: both flags set.
     """
 
     def __init__(self, num_envs: int, *, compute_final_obs: bool = True) -> None:
@@ -866,8 +866,12 @@ class IsaacLabEnv(gym.Env):
         truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
         self.both_flags.append(terminated & truncated)
         self.reset_terminated[:], self.reset_time_outs[:] = terminated, truncated
-        if self.cfg.compute_final_obs and bool((terminated | truncated).any()):
-            self.extras["final_obs"] = self.groups(final.clone())
+        if self.cfg.compute_final_obs:
+            groups, previous = self.groups(final.clone()), self.extras.get("final_obs")
+            if previous is not None:  # envs that did not end keep an older step's rows, as in Isaac Lab's extras
+                ended = (terminated | truncated)[:, None]
+                groups = {key: torch.where(ended, value, previous[key]) for key, value in groups.items()}
+            self.extras["final_obs"] = groups
         return self.groups(obs), reward, self.reset_terminated, self.reset_time_outs, self.extras
 
 
@@ -899,6 +903,25 @@ def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their
     assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
     going_on = ~done[:-1]
     assert torch.equal(batch["next_obs", "policy"][:-1][going_on], batch["obs", "policy"][1:][going_on])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: FromIsaacLab(IsaacLabEnv(N)), id="FromIsaacLab"),
+        pytest.param(lambda: FromRslRl(RslRlCartPole(N, final_obs=True, declares=True, both=True)), id="FromRslRl"),
+    ],
+)
+def test_isaac_lab_adapters_make_no_host_sync_per_step(make, monkeypatch):
+    """Both flags and the env beneath read with dense ops: a fixed number of reads per batch, whatever its steps."""
+    counter = SyncCounter(monkeypatch)
+    counts = {}
+    for steps in (8, 16):
+        with Collector(make(), GroupPolicy(), num_steps=steps, device="cpu", backend="thread") as collector:
+            batches = iter(collector)
+            next(batches)  # the first batch learns the policy's outputs
+            counts[steps] = [counter.count(batches) for _ in range(3)]
+    assert counts[8] == counts[16] == [{"nonzero": 1}] * 3, counts  # the batch end's gather of final observations
 
 
 def test_isaac_lab_own_envs_are_stepped_by_one_collector_at_a_time():
