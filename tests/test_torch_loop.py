@@ -851,6 +851,7 @@ class IsaacLabEnv(gym.Env):
         self.extras: dict[str, Any] = {"log": {}}
         self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.both_flags: list[torch.Tensor] = []
+        self.flags_log: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def groups(self, obs: torch.Tensor) -> dict:
         return {"policy": obs, "critic": 2 * obs}
@@ -865,6 +866,7 @@ class IsaacLabEnv(gym.Env):
         self.finals.append((final.clone(), truncated & ~terminated))
         truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
         self.both_flags.append(terminated & truncated)
+        self.flags_log.append((terminated.clone(), truncated & ~terminated))  # what the adapter returns
         self.reset_terminated[:], self.reset_time_outs[:] = terminated, truncated
         if self.cfg.compute_final_obs:
             groups, previous = self.groups(final.clone()), self.extras.get("final_obs")
@@ -922,6 +924,16 @@ def test_isaac_lab_adapters_make_no_host_sync_per_step(make, monkeypatch):
             next(batches)  # the first batch learns the policy's outputs
             counts[steps] = [counter.count(batches) for _ in range(3)]
     assert counts[8] == counts[16] == [{"nonzero": 1}] * 3, counts  # the batch end's gather of final observations
+
+
+def test_isaac_lab_own_flags_returned_by_a_step_stay_as_they_were_after_the_next():
+    """Isaac Lab writes its flag buffers in place at every step: FromIsaacLab returns copies."""
+    envs = FromIsaacLab(IsaacLabEnv(N))
+    envs.reset(seed=0)
+    held = [envs.step(torch.ones(N, 1))[2:4] for _ in range(2 * MAX_STEPS)]
+    assert any(bool(terminated.any()) for terminated, _ in held)
+    for (terminated, truncated), (expected_terminated, expected_truncated) in zip(held, envs.env.flags_log):
+        assert torch.equal(terminated, expected_terminated) and torch.equal(truncated, expected_truncated)
 
 
 def test_isaac_lab_own_envs_are_stepped_by_one_collector_at_a_time():
