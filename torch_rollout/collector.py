@@ -95,7 +95,9 @@ class Collector:
             an env id for :func:`gymnasium.make_vec`, or a function ``make_envs(num_envs)``
             (or ``make_envs(num_envs, start_index=...)``) returning a vector env:
             :func:`torch_rollout.gym_envs` (an id with keyword arguments),
-            :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`.
+            :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`; or
+            Isaac Lab's own env (``gym.make(task, cfg=env_cfg)``), or a function returning one,
+            taken as :class:`torch_rollout.envs.FromIsaacLab`.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` on ``[n, ...]``
             observations (``num_envs`` rows on the thread, a worker's share of them in
             worker processes and Ray actors, fewer in bootstrap calls on final
@@ -189,7 +191,7 @@ class Collector:
     @_retired_keywords
     def __init__(
         self,
-        envs: VectorEnv | str | Callable[..., VectorEnv],
+        envs: VectorEnv | gymnasium.Env | str | Callable[..., VectorEnv | gymnasium.Env],
         policy: nn.Module,
         *,
         num_steps: int,
@@ -211,7 +213,8 @@ class Collector:
         seeding = resolve_seed(seed)
         compile_options = check_compile_policy(compile_policy)
         _check_policy(policy)
-        given, envs = envs, adapt_isaac_lab(envs)
+        given = envs  # Isaac Lab's own env, which the collector adapts: claimed as itself, not as the adapter
+        envs = adapt_isaac_lab(envs)
         _check_envs(envs)
         self.device = _resolve_device(device)
         chosen = resolve_backend(backend, envs, policy, self.device)
@@ -258,8 +261,8 @@ class Collector:
         self.total_timesteps = total_timesteps
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
-        # Isaac Lab's own env: claimed as itself, not as the adapter made for this collector
-        self._driven = _claim(given if envs is not given else envs, self) if isinstance(envs, VectorEnv) else None
+        claimed = given if isinstance(given, gymnasium.Env) else envs
+        self._driven = _claim(claimed, self) if isinstance(envs, VectorEnv) else None
         self.seed = seeding
         self.closed = False
         _live.add(self)
@@ -476,7 +479,7 @@ class Collector:
         )
 
 
-def _claim(envs: VectorEnv, collector: Collector) -> int:
+def _claim(envs: VectorEnv | gymnasium.Env, collector: Collector) -> int:
     """Records ``collector`` as the one stepping ``envs`` (wrappers included); refuses a second one."""
     key = id(envs.unwrapped)
     with _drivers_lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -271,10 +272,10 @@ def _terminations_beneath(env: Any) -> Callable[[], Tensor] | None:
         if candidate is None:
             continue
         if all(isinstance(getattr(candidate, name, None), Tensor) for name in ("reset_terminated", "reset_time_outs")):
-            return lambda base=candidate: base.reset_terminated
+            return functools.partial(getattr, candidate, "reset_terminated")
         manager = getattr(candidate, "termination_manager", None)
         if manager is not None and all(hasattr(manager, name) for name in ("terminated", "time_outs")):
-            return lambda manager=manager: manager.terminated
+            return functools.partial(getattr, manager, "terminated")
     return None
 
 
