@@ -14,7 +14,7 @@ import gymnasium
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from torch_rollout._isaac_lab import adapt_isaac_lab
+from torch_rollout._isaac_lab import FromIsaacLab, is_isaac_lab
 from torch_rollout._spaces import describe_bad_single_obs
 
 __all__ = [
@@ -163,7 +163,8 @@ def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> Vec
         envs = recipe(num_envs, start_index=start_index)
     else:
         envs = recipe(num_envs)
-    envs = adapt_isaac_lab(envs)
+    if is_isaac_lab(envs):  # a function's result: Isaac Lab's own env
+        envs = FromIsaacLab(envs)
     if not isinstance(envs, VectorEnv):
         raise TypeError(
             f"Collector: envs={recipe!r} returned {type(envs).__name__}, expected a gymnasium.vector.VectorEnv "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -101,6 +102,13 @@ def is_isaac_lab(env: Any) -> bool:
     )
 
 
-def adapt_isaac_lab(envs: Any) -> Any:
-    """``envs`` as a vector env where it is Isaac Lab's own env (:class:`FromIsaacLab`), else ``envs`` as it is."""
-    return FromIsaacLab(envs) if is_isaac_lab(envs) else envs
+def adapt_isaac_lab(
+    envs: VectorEnv | gymnasium.Env | str | Callable[..., Any],
+) -> VectorEnv | str | Callable[..., VectorEnv]:
+    """``envs`` as a vector env where it is Isaac Lab's own env (:class:`FromIsaacLab`), else ``envs`` as it is.
+
+    A function's result is adapted where it is called (``build_envs``).
+    """
+    if isinstance(envs, gymnasium.Env):
+        return FromIsaacLab(envs) if is_isaac_lab(envs) else envs  # type: ignore[return-value]  # refused later
+    return envs

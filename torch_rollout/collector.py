@@ -262,7 +262,7 @@ class Collector:
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
         claimed = given if isinstance(given, gymnasium.Env) else envs
-        self._driven = _claim(claimed, self) if isinstance(envs, VectorEnv) else None
+        self._driven = _claim(claimed, self) if isinstance(claimed, (VectorEnv, gymnasium.Env)) else None
         self.seed = seeding
         self.closed = False
         _live.add(self)
