@@ -287,14 +287,14 @@ def test_bad_envs_and_policy_arguments():
     ):
         Collector(CountingEnv(), CountingPolicy(), num_steps=4)
 
-    class BatchedEnv(CountingEnv):  # a gymnasium.Env stepping many envs at once, as Isaac Lab's envs are
+    class BatchedEnv(CountingEnv):  # a gymnasium.Env stepping many envs at once, without Isaac Lab's cfg
         num_envs = 64
 
     with pytest.raises(
         TypeError,
         match=re.escape(
-            "got BatchedEnv with num_envs=64, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in Isaac "
-            "Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
+            "got BatchedEnv with num_envs=64, a batched env: present it as a gymnasium.vector.VectorEnv of its "
+            "num_envs envs (torch_rollout.envs.FromIsaacLab does so for Isaac Lab's own envs"
         ),
     ):
         Collector(BatchedEnv(), CountingPolicy(), num_steps=4)

@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from torch_rollout import BatchKeys, Collector
-from torch_rollout.envs import CartPole, FromRslRl, Pendulum
+from torch_rollout.envs import CartPole, FromIsaacLab, FromRslRl, Pendulum
 
 from placements import PLACEMENTS, local_ray, on_ray
 from rowwise import RowwiseLinear
@@ -519,15 +519,39 @@ class RslRlCartPole:
     ``extras["observations"]`` (Isaac Lab up to 2.1), ``"2.x-critic"`` with the critic group only there.
     ``final_obs``: puts the groups before the same-step reset in ``extras["final_obs"]`` (Isaac Lab's
     ``compute_final_obs``); ``declares``: ``cfg.compute_final_obs`` on ``unwrapped``, as Isaac Lab's wrapper has it.
-    ``finals`` keeps each step's true final observations and time-outs, for the tests to value by hand.
+    ``both``: the terminations of even envs reach their time limit too (``dones`` and ``time_outs`` both set, as
+    Isaac Lab's ``RslRlVecEnvWrapper`` passes a step that both terminated and timed out); ``beneath``: where
+    ``unwrapped`` keeps the flags apart: ``"buffers"`` in ``reset_terminated`` and ``reset_time_outs`` (Isaac Lab's
+    ``DirectRLEnv``), ``"manager"`` in ``termination_manager.terminated`` and ``.time_outs`` (``ManagerBasedRLEnv``),
+    ``None`` nowhere.
+    ``finals`` keeps each step's true final observations and time-outs that bootstrap (not terminated), for the
+    tests to value by hand.
     """
 
-    def __init__(self, num_envs: int, *, layout: str = "3.x", final_obs: bool = False, declares: bool = False) -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        *,
+        layout: str = "3.x",
+        final_obs: bool = False,
+        declares: bool = False,
+        both: bool = False,
+        beneath: str | None = "buffers",
+    ) -> None:
         self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
         self.num_envs, self.device, self.num_actions = num_envs, self.envs.device, 1
-        self.layout, self.final_obs = layout, final_obs
+        self.layout, self.final_obs, self.both = layout, final_obs, both
         self.unwrapped = types.SimpleNamespace(cfg=types.SimpleNamespace(compute_final_obs=declares))
+        flags = types.SimpleNamespace(
+            terminated=torch.zeros(num_envs, dtype=torch.bool), time_outs=torch.zeros(num_envs, dtype=torch.bool)
+        )
+        self.flags = flags
+        if beneath == "buffers":  # DirectRLEnv's
+            self.unwrapped.reset_terminated, self.unwrapped.reset_time_outs = flags.terminated, flags.time_outs
+        elif beneath == "manager":  # ManagerBasedRLEnv's termination manager
+            self.unwrapped.termination_manager = flags
         self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.both_flags: list[torch.Tensor] = []  # each step's envs that terminated and timed out
         self.obs, _ = self.envs.reset(seed=0)
 
     def groups(self, obs: torch.Tensor) -> TensorDict:
@@ -542,7 +566,11 @@ class RslRlCartPole:
 
     def step(self, actions: torch.Tensor) -> tuple:
         self.obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
-        self.finals.append((infos["final_obs"].clone(), truncated.clone()))
+        self.finals.append((infos["final_obs"].clone(), truncated & ~terminated))
+        if self.both:
+            truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
+        self.both_flags.append(terminated & truncated)
+        self.flags.terminated[:], self.flags.time_outs[:] = terminated, truncated  # in place, as Isaac Lab's
         extras = {"time_outs": truncated}
         if self.final_obs:
             extras["final_obs"] = self.groups(infos["final_obs"])
@@ -668,6 +696,44 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(lay
     assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
 
 
+@pytest.mark.parametrize("beneath", ["buffers", "manager"])
+@pytest.mark.parametrize("bootstrap", [None, "last_obs", "none"])
+def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_read_from_the_env_beneath(
+    bootstrap, beneath
+):
+    """dones and time_outs both set, where the env beneath says it terminated: no bootstrap, exact."""
+    env = RslRlCartPole(N, final_obs=bootstrap is None, declares=True, both=True, beneath=beneath)
+    policy = GroupPolicy()
+    keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
+    batch = torch.cat(collect(FromRslRl(env, bootstrap=bootstrap), policy, seed=None, keys=keys))
+    both = torch.stack(env.both_flags[: len(batch)])
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    assert both.any() and time_outs.any()
+    assert batch["terminated"][both].all() and not batch["truncated"][both].any()
+    assert not batch["info", "bootstrap"][both].any()  # terminations: exact whatever bootstrap says
+    if bootstrap is None:
+        assert torch.equal(batch["truncated"], time_outs) and not batch["info", "bootstrap"].any()
+        torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+    elif bootstrap == "last_obs":
+        assert torch.equal(batch["truncated"], time_outs)
+        assert (batch["info", "bootstrap"][time_outs] == 1).all()
+    else:
+        assert torch.equal(batch["terminated"], batch["done"]) and (batch["info", "bootstrap"][time_outs] == 2).all()
+
+
+def test_rsl_rl_style_time_outs_that_may_have_terminated_are_marked_where_nothing_beneath_tells():
+    """Without an env beneath to ask, a time-out bootstrapped from extras["final_obs"] is marked 3, never exact."""
+    env, policy = RslRlCartPole(N, final_obs=True, declares=True, both=True, beneath=None), GroupPolicy()
+    keys = BatchKeys(info_keys=("bootstrap",))
+    batch = torch.cat(collect(FromRslRl(env), policy, seed=None, keys=keys))
+    both = torch.stack(env.both_flags[: len(batch)])
+    _, time_outs = _true_final_values(policy, env, len(batch))
+    assert both.any() and batch["truncated"][both].all()  # the approximation, as the env gives it
+    assert torch.equal(batch["truncated"], time_outs | both)
+    marks = batch["info", "bootstrap"]
+    assert (marks[batch["truncated"]] == 3).all() and not marks[~batch["truncated"]].any()
+
+
 def test_rsl_rl_style_envs_that_promise_final_obs_and_give_none_raise():
     message = "Collector: the env runs in SAME_STEP autoreset mode but its step infos had no final observation"
     for envs in (FromRslRl(RslRlCartPole(N), bootstrap="final_obs"), FromRslRl(RslRlCartPole(N, declares=True))):
@@ -760,6 +826,139 @@ def test_gymnasium_style_isaac_lab_envs_bootstrap_time_outs_from_their_final_obs
     expected, time_outs = _true_final_values(policy, env, len(batch))
     assert time_outs.any() and torch.equal(batch["truncated"], time_outs)
     torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+
+
+class IsaacLabEnv(gym.Env):
+    """CartPole as Isaac Lab's own DirectRLEnv presents itself: a batched gymnasium.Env of torch tensors.
+
+    ``num_envs``, ``device``, ``cfg.compute_final_obs``, ``single_observation_space`` a Dict of groups; ``step``
+    returns Isaac Lab's own flag buffers (written in place at the next step), and ``extras["final_obs"]`` whose rows
+    of envs that did not end are an older step's, as Isaac Lab's persistent extras are. The terminations of even
+    envs reach their time limit too: both flags set.
+    """
+
+    def __init__(self, num_envs: int, *, compute_final_obs: bool = True) -> None:
+        self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
+        self.num_envs, self.device = num_envs, str(self.envs.device)
+        self.cfg = types.SimpleNamespace(compute_final_obs=compute_final_obs)
+        box = self.envs.single_observation_space
+        self.single_observation_space = gym.spaces.Dict({"policy": box, "critic": box})
+        self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.reset_terminated = torch.zeros(num_envs, dtype=torch.bool)
+        self.reset_time_outs = torch.zeros(num_envs, dtype=torch.bool)
+        self.extras: dict[str, Any] = {"log": {}}
+        self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.both_flags: list[torch.Tensor] = []
+        self.flags_log: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def groups(self, obs: torch.Tensor) -> dict:
+        return {"policy": obs, "critic": 2 * obs}
+
+    def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple:
+        obs, _ = self.envs.reset(seed=seed, options=options)
+        return self.groups(obs), self.extras
+
+    def step(self, actions: torch.Tensor) -> tuple:
+        obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
+        final = infos["final_obs"]
+        self.finals.append((final.clone(), truncated & ~terminated))
+        truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
+        self.both_flags.append(terminated & truncated)
+        self.flags_log.append((terminated.clone(), truncated & ~terminated))  # what the adapter returns
+        self.reset_terminated[:], self.reset_time_outs[:] = terminated, truncated
+        if self.cfg.compute_final_obs:
+            groups, previous = self.groups(final.clone()), self.extras.get("final_obs")
+            if previous is not None:  # envs that did not end keep an older step's rows, as in Isaac Lab's extras
+                ended = (terminated | truncated)[:, None]
+                groups = {key: torch.where(ended, value, previous[key]) for key, value in groups.items()}
+            self.extras["final_obs"] = groups
+        return self.groups(obs), reward, self.reset_terminated, self.reset_time_outs, self.extras
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param(lambda env: gym.wrappers.OrderEnforcing(env), id="gym.make"),
+        pytest.param(lambda env: env, id="unwrapped"),
+        pytest.param(FromIsaacLab, id="FromIsaacLab"),
+    ],
+)
+def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their_final_obs(given):
+    """As they are: SAME_STEP, groups as a Dict, both flags set a termination, time-outs from extras["final_obs"]."""
+    env, policy = IsaacLabEnv(N), GroupPolicy()
+    options = dict(num_steps=T, device="cpu", seed=5, timeout=TIMEOUT, total_timesteps=4 * T * N)
+    with Collector(given(env), policy, keys=BatchKeys(next_obs=True), **options) as collector:
+        assert isinstance(collector.envs, FromIsaacLab) and collector.autoreset_mode == AutoresetMode.SAME_STEP
+        batch = torch.cat(list(collector))
+    assert isinstance(batch["obs"], TensorDict) and set(batch["obs"].keys()) == {"policy", "critic"}
+    expected, time_outs = _true_final_values(policy, env, len(batch))
+    both = torch.stack(env.both_flags[: len(batch)])
+    assert time_outs.any() and both.any()
+    assert torch.equal(batch["truncated"], time_outs)
+    assert torch.equal(batch["terminated"], batch["done"] & ~time_outs) and batch["terminated"][both].all()
+    torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
+    finals = torch.stack([final for final, _ in env.finals[: len(batch)]])
+    done = batch["done"]
+    assert torch.equal(batch["next_obs", "policy"][done], finals[done])
+    assert torch.equal(batch["next_obs", "critic"][done], 2 * finals[done])
+    going_on = ~done[:-1]
+    assert torch.equal(batch["next_obs", "policy"][:-1][going_on], batch["obs", "policy"][1:][going_on])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: FromIsaacLab(IsaacLabEnv(N)), id="FromIsaacLab"),
+        pytest.param(lambda: FromRslRl(RslRlCartPole(N, final_obs=True, declares=True, both=True)), id="FromRslRl"),
+    ],
+)
+def test_isaac_lab_adapters_make_no_host_sync_per_step(make, monkeypatch):
+    """Both flags and the env beneath read with dense ops: a fixed number of reads per batch, whatever its steps."""
+    counter = SyncCounter(monkeypatch)
+    counts = {}
+    for steps in (8, 16):
+        with Collector(make(), GroupPolicy(), num_steps=steps, device="cpu", backend="thread") as collector:
+            batches = iter(collector)
+            next(batches)  # the first batch learns the policy's outputs
+            counts[steps] = [counter.count(batches) for _ in range(3)]
+    assert counts[8] == counts[16] == [{"nonzero": 1}] * 3, counts  # the batch end's gather of final observations
+
+
+def test_isaac_lab_own_flags_returned_by_a_step_stay_as_they_were_after_the_next():
+    """Isaac Lab writes its flag buffers in place at every step: FromIsaacLab returns copies."""
+    envs = FromIsaacLab(IsaacLabEnv(N))
+    envs.reset(seed=0)
+    held = [envs.step(torch.ones(N, 1))[2:4] for _ in range(2 * MAX_STEPS)]
+    assert any(bool(terminated.any()) for terminated, _ in held)
+    for (terminated, truncated), (expected_terminated, expected_truncated) in zip(held, envs.env.flags_log):
+        assert torch.equal(terminated, expected_terminated) and torch.equal(truncated, expected_truncated)
+
+
+def test_isaac_lab_own_envs_are_stepped_by_one_collector_at_a_time():
+    env = gym.wrappers.OrderEnforcing(IsaacLabEnv(N))
+    with Collector(env, GroupPolicy(), num_steps=T, device="cpu"):
+        with pytest.raises(ValueError, match=re.escape("Collector: envs is already driven by another open")):
+            Collector(env.unwrapped, GroupPolicy(), num_steps=T, device="cpu")
+
+
+def test_isaac_lab_own_envs_built_by_a_recipe_are_vector_envs_too():
+    got = collect(lambda num_envs: IsaacLabEnv(num_envs), GroupPolicy(), backend="thread")
+    expected = collect(FromIsaacLab(IsaacLabEnv(N)), GroupPolicy())
+    assert_same_batches(got, expected, ("action", "reward", "terminated", "truncated", "value", "next_value"))
+
+
+def test_isaac_lab_own_envs_without_compute_final_obs_name_it_and_the_ways_forward():
+    message = (
+        "FromIsaacLab: Isaac Lab's IsaacLabEnv has cfg.compute_final_obs=False, so its step does not keep the "
+        "observation before its same-step reset (extras['final_obs']) and a time-out has nothing to bootstrap from; "
+        "set env_cfg.compute_final_obs = True before gym.make(task, cfg=env_cfg) for exact bootstraps, or step it "
+        "through Isaac Lab's RslRlVecEnvWrapper and torch_rollout.envs.FromRslRl(wrapper, bootstrap='last_obs')"
+    )
+    env = gym.wrappers.OrderEnforcing(IsaacLabEnv(N, compute_final_obs=False))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Collector(env, GroupPolicy(), num_steps=T, device="cpu")
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)

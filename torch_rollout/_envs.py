@@ -14,6 +14,7 @@ import gymnasium
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
+from torch_rollout._isaac_lab import FromIsaacLab, is_isaac_lab
 from torch_rollout._spaces import describe_bad_single_obs
 
 __all__ = [
@@ -153,7 +154,8 @@ def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> Vec
     ``recipe`` is an env id for :func:`gymnasium.make_vec`, or a callable
     ``make_envs(num_envs)`` (such as :func:`gym_envs`), or
     ``make_envs(num_envs, start_index=...)`` when its signature has a
-    ``start_index`` parameter.
+    ``start_index`` parameter. Isaac Lab's own env becomes a vector env
+    (:class:`~torch_rollout.envs.FromIsaacLab`).
     """
     if isinstance(recipe, str):
         recipe = GymEnvs(recipe)
@@ -162,6 +164,8 @@ def build_envs(recipe: EnvRecipe, num_envs: int, *, start_index: int = 0) -> Vec
         envs = make(num_envs, start_index=start_index)
     else:
         envs = make(num_envs)
+    if is_isaac_lab(envs):  # a function's result: Isaac Lab's own env
+        envs = FromIsaacLab(envs)
     if not isinstance(envs, VectorEnv):
         raise TypeError(
             f"Collector: envs={recipe!r} returned {type(envs).__name__}, expected a gymnasium.vector.VectorEnv "

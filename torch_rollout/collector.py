@@ -21,6 +21,7 @@ from torch_rollout._compile import check_compile_policy
 from torch_rollout._devices import indexed
 from torch_rollout._envs import split_envs
 from torch_rollout._interaction import greedy_modules
+from torch_rollout._isaac_lab import adapt_isaac_lab
 from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed, seed_step
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
@@ -100,7 +101,9 @@ class Collector:
             an env id for :func:`gymnasium.make_vec`, or a function ``make_envs(num_envs)``
             (or ``make_envs(num_envs, start_index=...)``) returning a vector env:
             :func:`torch_rollout.gym_envs` (an id with keyword arguments),
-            :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`.
+            :func:`torch_rollout.envpool_envs`, :func:`torch_rollout.double_buffered`; or
+            Isaac Lab's own env (``gym.make(task, cfg=env_cfg)``), or a function returning one,
+            taken as :class:`torch_rollout.envs.FromIsaacLab`.
         policy: ``policy(obs) -> Mapping[str, Tensor] | TensorDict`` on ``[n, ...]``
             observations (``num_envs`` rows on the thread, a worker's share of them in
             worker processes and Ray actors, fewer in bootstrap calls on final
@@ -194,7 +197,7 @@ class Collector:
     @_retired_keywords
     def __init__(
         self,
-        envs: VectorEnv | str | Callable[..., VectorEnv],
+        envs: VectorEnv | gymnasium.Env | str | Callable[..., VectorEnv | gymnasium.Env],
         policy: nn.Module,
         *,
         num_steps: int,
@@ -216,6 +219,8 @@ class Collector:
         seeding = resolve_seed(seed)
         compile_options = check_compile_policy(compile_policy)
         _check_policy(policy)
+        given = envs  # Isaac Lab's own env, which the collector adapts: claimed as itself, not as the adapter
+        envs = adapt_isaac_lab(envs)
         _check_envs(envs)
         self.device = _resolve_device(device)
         chosen = resolve_backend(backend, envs, policy, self.device)
@@ -262,7 +267,8 @@ class Collector:
         self.total_timesteps = total_timesteps
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
-        self._driven = _claim(envs, self) if isinstance(envs, VectorEnv) else None
+        claimed = given if isinstance(given, gymnasium.Env) else envs
+        self._driven = _claim(claimed, self) if isinstance(claimed, (VectorEnv, gymnasium.Env)) else None
         self.seed = seeding
         self.closed = False
         _live.add(self)
@@ -479,7 +485,7 @@ class Collector:
         )
 
 
-def _claim(envs: VectorEnv, collector: Collector) -> int:
+def _claim(envs: VectorEnv | gymnasium.Env, collector: Collector) -> int:
     """Records ``collector`` as the one stepping ``envs`` (wrappers included); refuses a second one."""
     key = id(envs.unwrapped)
     with _drivers_lock:
@@ -540,12 +546,12 @@ def _check_envs(envs: Any) -> None:
     if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
         hint = ""
         if isinstance(envs, gymnasium.Env):
-            num_envs = getattr(envs, "num_envs", None)  # a batched env's: no attribute of gymnasium.Env
-            batched = isinstance(num_envs, int) and num_envs > 1
+            num = getattr(envs.unwrapped, "num_envs", None)
             hint = (
-                f" with num_envs={num_envs}, a batched env such as Isaac Lab's ManagerBasedRLEnv (wrap it in "
-                "Isaac Lab's RslRlVecEnvWrapper and pass torch_rollout.envs.FromRslRl(wrapper))"
-                if batched
+                f" with num_envs={num}, a batched env: present it as a gymnasium.vector.VectorEnv of its num_envs "
+                "envs (torch_rollout.envs.FromIsaacLab does so for Isaac Lab's own envs, which the collector "
+                "recognises by their cfg.compute_final_obs)"
+                if isinstance(num, int) and num > 1
                 else " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
             )
         raise TypeError(

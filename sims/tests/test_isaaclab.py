@@ -1,5 +1,6 @@
-"""Isaac Lab 3.0's Isaac-Cartpole-Direct, kit-less on Newton/MuJoCo-Warp on Warp's CPU device, through isaaclab_rl's
-RslRlVecEnvWrapper and torch_rollout's FromRslRl, with compute_final_obs=True: rows against what it returned."""
+"""Isaac Lab 3.0's Isaac-Cartpole-Direct and Isaac-Cartpole (manager-based), kit-less on Newton/MuJoCo-Warp on
+Warp's CPU device, with compute_final_obs=True, as the collector takes them (FromIsaacLab) and through isaaclab_rl's
+RslRlVecEnvWrapper and torch_rollout's FromRslRl: rows against what they returned."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
 from isaaclab_tasks.utils import resolve_task_config
 
 from torch_rollout import GAE, BatchKeys, Collector
-from torch_rollout.envs import FromRslRl
+from torch_rollout.envs import FromIsaacLab, FromRslRl
 
 from _common import LinearAgent, Recorder, check_same_step_rows
 
-TASK = "Isaac-Cartpole-Direct"
 NUM_ENVS, NUM_STEPS = 4, 16
 GAMMA, LAMBDA = 0.99, 0.95
 STEP_S = 2 / 120  # decimation 2 of physics steps of 1/120 s
@@ -39,25 +39,52 @@ def cartpole_usd(folder: pathlib.Path) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def isaac_env(tmp_path_factory):
-    cfg, _ = resolve_task_config(TASK, "", overrides=("physics=newton_mjwarp",))
+# Isaac Lab's two kinds of env: DirectRLEnv (flags in reset_terminated, reset_time_outs) and ManagerBasedRLEnv
+# (flags in its termination manager too)
+TASKS = {"direct": "Isaac-Cartpole-Direct", "manager": "Isaac-Cartpole"}
+
+
+@pytest.fixture(scope="module", params=list(TASKS))
+def isaac_env(request, tmp_path_factory):
+    task = TASKS[request.param]
+    cfg, _ = resolve_task_config(task, "", overrides=("physics=newton_mjwarp",))
     cfg.sim.device = "cpu"
     cfg.scene.num_envs = NUM_ENVS
     cfg.compute_final_obs = True
     cfg.seed = 0
-    cfg.scene.cartpole.spawn.usd_path = cartpole_usd(tmp_path_factory.mktemp("usd"))
+    scene = cfg.scene.cartpole if request.param == "direct" else cfg.scene.robot
+    scene.spawn.usd_path = cartpole_usd(tmp_path_factory.mktemp("usd"))
     cfg.scene.ground = None
-    env = gym.make(TASK, cfg=cfg)
+    env = gym.make(task, cfg=cfg)
     yield env
     env.close()
 
 
-def collect(env, batches: int):
-    """Collects ``batches`` in lockstep, recording FromRslRl's steps and Isaac Lab's own flags after each."""
+def set_episodes(env, *, steps: int, cart_bound: float) -> None:
+    """Episodes of ``steps`` env steps that terminate where the cart passes ``cart_bound`` (either kind of env)."""
+    unwrapped = env.unwrapped
+    unwrapped.cfg.episode_length_s = episode_length_s(steps)
+    if hasattr(unwrapped.cfg, "max_cart_pos"):  # DirectRLEnv's cartpole
+        unwrapped.cfg.max_cart_pos = cart_bound
+    else:
+        term = unwrapped.termination_manager.get_term_cfg("cart_out_of_bounds")
+        term.params["bounds"] = (-cart_bound, cart_bound)
+        unwrapped.termination_manager.set_term_cfg("cart_out_of_bounds", term)
+
+
+# How the collector gets the env: Isaac Lab's own env (the collector adapts it as FromIsaacLab; here the adapter is
+# made by hand, so that the recorder sees what it returned), or rsl_rl's VecEnv of it
+THROUGH = {
+    "own": FromIsaacLab,
+    "rsl_rl": lambda env: FromRslRl(RslRlVecEnvWrapper(env)),
+}
+
+
+def collect(env, batches: int, through: str):
+    """Collects ``batches`` in lockstep, recording the vector env's steps and Isaac Lab's own flags after each."""
     unwrapped = env.unwrapped
     envs = Recorder(
-        FromRslRl(RslRlVecEnvWrapper(env)),
+        THROUGH[through](env),
         extra=lambda: (unwrapped.reset_terminated, unwrapped.reset_time_outs),
     )
     agent = LinearAgent(4, 1, group="policy")
@@ -70,7 +97,7 @@ def collect(env, batches: int):
         backend="thread",
         prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
         gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
+        keys=BatchKeys(next_obs=True, info_keys=("bootstrap",) if through == "rsl_rl" else ()),
     ) as collector:
         got = list(collector)
     return got, envs.record, agent
@@ -80,42 +107,56 @@ def isaac_flags(step):
     return step.extra
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the collector's hint to wrap the env in RslRlVecEnvWrapper and FromRslRl looks for num_envs on the env it "
-    "gets, but gym.make returns Isaac Lab's env inside gymnasium's OrderEnforcing, which does not forward num_envs: "
-    "the TypeError says 'wrap a single env with gymnasium.vector.SyncVectorEnv' instead",
-)
-def test_isaac_lab_env_itself_is_refused_with_the_fix(isaac_env):
-    with pytest.raises(TypeError, match="RslRlVecEnvWrapper"):
-        Collector(isaac_env, LinearAgent(4, 1, group="policy"), num_steps=4, device="cpu", backend="thread")
+@pytest.mark.parametrize("given", ["gym.make", "unwrapped"])
+def test_isaac_lab_env_itself_is_a_vector_env(isaac_env, given):
+    env = isaac_env if given == "gym.make" else isaac_env.unwrapped
+    set_episodes(isaac_env, steps=3, cart_bound=1e3)
+    agent = LinearAgent(4, 1, group="policy")
+    with Collector(
+        env, agent, num_steps=4, total_timesteps=4 * NUM_ENVS * 2, device="cpu", backend="thread"
+    ) as collector:
+        assert isinstance(collector.envs, FromIsaacLab) and collector.autoreset_mode.value == "SameStep"
+        batches = list(collector)
+    assert set(batches[0]["obs"].keys()) == {"policy"} and batches[0]["obs", "policy"].shape == (4, NUM_ENVS, 4)
+    assert all(bool(batch["mask"].all()) for batch in batches) and any(bool(b["done"].any()) for b in batches)
 
 
-def test_time_outs_bootstrap_from_final_obs(isaac_env):
+def test_isaac_lab_env_without_compute_final_obs_names_it(isaac_env):
+    cfg = isaac_env.unwrapped.cfg
+    cfg.compute_final_obs = False
+    try:
+        with pytest.raises(
+            ValueError, match=r"cfg.compute_final_obs=False.*FromRslRl\(wrapper, bootstrap='last_obs'\)"
+        ):
+            Collector(isaac_env, LinearAgent(4, 1, group="policy"), num_steps=4, device="cpu", backend="thread")
+    finally:
+        cfg.compute_final_obs = True
+
+
+@pytest.mark.parametrize("through", list(THROUGH))
+def test_time_outs_bootstrap_from_final_obs(isaac_env, through):
     # Episodes of 6 steps that never fail (the cart's bound out of reach): every episode end is a time-out
-    isaac_env.unwrapped.cfg.episode_length_s = episode_length_s(6)
-    isaac_env.unwrapped.cfg.max_cart_pos = 1e3
-    batches, record, agent = collect(isaac_env, batches=2)
+    set_episodes(isaac_env, steps=6, cart_bound=1e3)
+    batches, record, agent = collect(isaac_env, batches=2, through=through)
     assert sum(int(batch["truncated"].sum()) for batch in batches) >= NUM_ENVS * 4
     check_same_step_rows(
         batches, record, agent, final_key="final_obs", flags_of=isaac_flags, gamma=GAMMA, gae_lambda=LAMBDA
     )
+    if through == "rsl_rl":  # the env beneath tells time-outs from terminations: every row exact
+        assert not any(bool(batch["info", "bootstrap"].any()) for batch in batches)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RslRlVecEnvWrapper hands rsl_rl dones = terminated | truncated and extras['time_outs'] = truncated, so "
-    "FromRslRl makes a step that both terminated and timed out terminated=False, truncated=True: it bootstraps "
-    "from its final observation, where Isaac Lab says the episode terminated",
-)
-def test_steps_that_terminate_at_the_time_limit_do_not_bootstrap(isaac_env):
+@pytest.mark.parametrize("through", list(THROUGH))
+def test_steps_that_terminate_at_the_time_limit_do_not_bootstrap(isaac_env, through):
     # Episodes of 1 step and a cart bound inside the reset range (-1, 1): every step times out, and those that end
     # with the cart beyond the bound terminate too
-    isaac_env.unwrapped.cfg.episode_length_s = episode_length_s(1)
-    isaac_env.unwrapped.cfg.max_cart_pos = 0.3
-    batches, record, agent = collect(isaac_env, batches=1)
+    set_episodes(isaac_env, steps=1, cart_bound=0.3)
+    batches, record, agent = collect(isaac_env, batches=1, through=through)
     both = sum(int((step.extra[0] & step.extra[1]).sum()) for step in record.steps)
     assert both >= 3, f"only {both} steps both terminated and timed out"
     check_same_step_rows(
         batches, record, agent, final_key="final_obs", flags_of=isaac_flags, gamma=GAMMA, gae_lambda=LAMBDA
     )
+    assert not bool(batches[0]["truncated"][batches[0]["terminated"]].any())  # both set: a termination only
+    if through == "rsl_rl":
+        assert not bool(batches[0]["info", "bootstrap"].any())

@@ -33,11 +33,12 @@ the CPU here); where ``torch_rollout`` may not be imported yet, name the module 
 
 import gymnasium
 
+from torch_rollout._isaac_lab import FromIsaacLab
 from torch_rollout.envs._cartpole import CartPole
 from torch_rollout.envs._pendulum import Pendulum
 from torch_rollout.envs._rsl_rl import FromRslRl
 
-__all__ = ["CartPole", "FromRslRl", "Pendulum"]
+__all__ = ["CartPole", "FromIsaacLab", "FromRslRl", "Pendulum"]
 
 # Their gymnasium ids, for gymnasium.make_vec and the Collector's envs: torch_rollout/CartPole-v1 and
 # torch_rollout/Pendulum-v1, made with their keyword arguments (device=..., autoreset_mode=...).

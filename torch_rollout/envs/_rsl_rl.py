@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,10 +50,22 @@ class FromRslRl(VectorEnv):
     with a time-out whose final observation the env does not give. Without a
     final observation and without ``bootstrap`` the constructor raises.
 
+    A step can end an episode that both terminated and reached its time limit:
+    Isaac Lab's ``RslRlVecEnvWrapper`` passes it as ``dones`` and ``time_outs``
+    both set, a time-out, though it must not bootstrap. Where the env beneath the
+    wrapper is reachable (its ``unwrapped`` env keeps Isaac Lab's
+    ``reset_terminated`` and ``reset_time_outs``, or a ``termination_manager`` with
+    ``terminated`` and ``time_outs``), such a row is ``terminated``, not a time-out:
+    ``terminated = dones & terminated beneath``, ``truncated = time_outs & ~terminated
+    beneath``. Where it is not, every time-out may have terminated too.
+
     Each row says what it got: ``infos["bootstrap"]`` is ``0`` where the row is
-    exact (no time-out, or a time-out bootstrapped from ``extras["final_obs"]``),
-    ``1`` where a time-out bootstrapped from V(s_t), ``2`` where a time-out was not
-    bootstrapped; keep it with ``BatchKeys(info_keys=("bootstrap",))``.
+    exact (no time-out, or a time-out bootstrapped from ``extras["final_obs"]``
+    that the env beneath says did not terminate), ``1`` where a time-out
+    bootstrapped from V(s_t), ``2`` where a time-out was not bootstrapped, ``3``
+    where a time-out bootstrapped from ``extras["final_obs"]`` may also have
+    terminated (the env cannot tell: no env beneath to ask); keep it with
+    ``BatchKeys(info_keys=("bootstrap",))``.
 
     Observation groups become a Dict observation: rsl_rl 3.x's TensorDict (or
     dict) such as ``{"policy": ..., "critic": ...}``, and rsl_rl 2.x's layout (the
@@ -94,6 +107,7 @@ class FromRslRl(VectorEnv):
             )
         self.env = env
         self.bootstrap = bootstrap
+        self._terminated_beneath = _terminations_beneath(env)
         self.num_envs = int(env.num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         self.autoreset_mode = AutoresetMode.SAME_STEP
@@ -142,6 +156,10 @@ class FromRslRl(VectorEnv):
         dones = dones.to(torch.bool)
         time_outs = extras.get("time_outs")
         time_outs = torch.zeros_like(dones) if time_outs is None else time_outs.to(torch.bool) & dones
+        # A step that terminated at its time limit reaches rsl_rl as a time-out: the env beneath says which it was
+        terminated_beneath = None if self._terminated_beneath is None else self._terminated_beneath()
+        if terminated_beneath is not None:
+            time_outs = time_outs & ~terminated_beneath.to(device=dones.device, dtype=torch.bool)
         final = extras.get("final_obs")
         if final is not None:
             final = self._read_final(final)
@@ -149,6 +167,8 @@ class FromRslRl(VectorEnv):
         if final is not None or self.bootstrap == "final_obs":
             terminated, truncated = dones & ~time_outs, time_outs
             marks = torch.zeros_like(dones, dtype=torch.int8)
+            if terminated_beneath is None:  # a time-out that may have terminated too: the env cannot tell
+                marks = time_outs.to(torch.int8) * 3
         else:  # the episodes end on the observation they acted on: V(s_t), their own value, reused
             if self.bootstrap == "last_obs":
                 terminated, truncated = dones & ~time_outs, time_outs
@@ -239,6 +259,24 @@ def _computes_final_obs(env: Any) -> bool:
         if getattr(getattr(candidate, "cfg", None), "compute_final_obs", False) is True:
             return True
     return False
+
+
+def _terminations_beneath(env: Any) -> Callable[[], Tensor] | None:
+    """What reads, after a step, which envs terminated by the env beneath the wrapper, where it is reachable.
+
+    Isaac Lab's ``DirectRLEnv`` and ``ManagerBasedRLEnv`` keep the step's flags apart in ``reset_terminated`` and
+    ``reset_time_outs`` (the manager-based one also in its ``termination_manager``), where ``RslRlVecEnvWrapper``
+    merges them; the wrapper's ``unwrapped`` is that env.
+    """
+    for candidate in (getattr(env, "unwrapped", None), env):
+        if candidate is None:
+            continue
+        if all(isinstance(getattr(candidate, name, None), Tensor) for name in ("reset_terminated", "reset_time_outs")):
+            return functools.partial(getattr, candidate, "reset_terminated")
+        manager = getattr(candidate, "termination_manager", None)
+        if manager is not None and all(hasattr(manager, name) for name in ("terminated", "time_outs")):
+            return functools.partial(getattr, manager, "terminated")
+    return None
 
 
 def _box(value: Tensor) -> spaces.Box:
