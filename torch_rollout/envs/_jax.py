@@ -184,18 +184,21 @@ class FromJax(VectorEnv):
         pairs = jax.vmap(jax.random.split)(keys)  # [N, 2, 2]
         return pairs[:, 0], jax.vmap(self.env.reset)(pairs[:, 1])
 
-    def _reset_all_fn(self, keys: Any) -> tuple[Any, Any]:
+    # Each value leaves a jitted function once: an output repeated (the observations in the states and on their
+    # own) would be a second buffer, copied by XLA. The observations are read from the states.
+
+    def _reset_all_fn(self, keys: Any) -> tuple[Any, Any, Any]:
         keys, states = self._reset_envs(keys)
         steps = self._jax.numpy.zeros(self.num_envs, dtype=self._jax.numpy.int32)
-        return (states, keys, steps), states.obs
+        return states, keys, steps
 
-    def _reset_some_fn(self, carry: Any, keys: Any, mask: Any) -> tuple[Any, Any]:
+    def _reset_some_fn(self, carry: Any, keys: Any, mask: Any) -> tuple[Any, Any, Any]:
         states, old_keys, steps = carry
         new_keys, fresh = self._reset_envs(keys)
         states = self._where(mask, fresh, states)
         keys = self._jax.numpy.where(mask[:, None], new_keys, old_keys)
         steps = self._jax.numpy.where(mask, 0, steps)
-        return (states, keys, steps), states.obs
+        return states, keys, steps
 
     def _step_fn(self, carry: Any, action: Any) -> tuple[Any, dict[str, Any]]:
         jnp = self._jax.numpy
@@ -208,14 +211,15 @@ class FromJax(VectorEnv):
         else:
             truncated = (steps >= self.max_episode_steps) & ~done
         terminated = done & ~truncated
-        out = {"obs": states.obs, "reward": states.reward, "terminated": terminated, "truncated": truncated}
+        out = {"terminated": terminated, "truncated": truncated}  # the reward: in the states (DISABLED)
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
             ended = terminated | truncated
             new_keys, fresh = self._reset_envs(keys)
+            # The step's reward and observation leave before the swap, the new episodes' in the states.
+            out.update(reward=states.reward, final_obs=states.obs, ended=ended)
             states = self._where(ended, fresh, states)
             keys = jnp.where(ended[:, None], new_keys, keys)
             steps = jnp.where(ended, 0, steps)
-            out.update(final_obs=out["obs"], obs=states.obs, ended=ended)
         return (states, keys, steps), out
 
     def _where(self, mask: Any, new: Any, old: Any) -> Any:
@@ -266,12 +270,12 @@ class FromJax(VectorEnv):
                 raise RuntimeError(
                     f"{self!r}.reset(options={{'reset_mask': ...}}) before any full reset: call reset(seed=...) first"
                 )
-            self._carry, obs = self._reset_some(self._carry, self._carry[1] if keys is None else keys, mask)
-            return _to_torch(obs), {}
+            self._carry = self._reset_some(self._carry, self._carry[1] if keys is None else keys, mask)
+            return _to_torch(self._carry[0].obs), {}
         if keys is None:
             keys = self._carry[1] if self._carry is not None else self._seed_keys(int(torch.randint(2**31, ())))
-        self._carry, obs = self._reset_all(keys)
-        return _to_torch(obs), {}
+        self._carry = self._reset_all(keys)
+        return _to_torch(self._carry[0].obs), {}
 
     def step(self, actions: Any) -> tuple[Any, Tensor, Tensor, Tensor, dict[str, Any]]:
         """Steps every env with its action, resetting ended envs in ``SAME_STEP`` mode.
@@ -298,18 +302,28 @@ class FromJax(VectorEnv):
         if tuple(action.shape) != expected:
             raise ValueError(f"{self!r}.step(actions): actions of shape {tuple(action.shape)}, expected {expected}")
         self._carry, out = self._step(self._carry, self._jax.dlpack.from_dlpack(action.contiguous()))
+        states = self._carry[0]
         infos: dict[str, Any] = {}
+        reward = states.reward
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
+            reward = out["reward"]
             ended = from_dlpack(out["ended"])
             infos = {"final_obs": _to_torch(out["final_obs"]), "_final_obs": ended, "final_info": {}}
             infos["_final_info"] = ended
         return (
-            _to_torch(out["obs"]),
-            from_dlpack(out["reward"]),
+            _to_torch(states.obs),
+            from_dlpack(reward),
             from_dlpack(out["terminated"]),
             from_dlpack(out["truncated"]),
             infos,
         )
+
+    @property
+    def states(self) -> Any:
+        """The JAX env's states, every env's (a pytree of ``[num_envs, ...]`` arrays; ``state.info`` and
+        ``state.metrics`` among them), as of the last reset or step; ``None`` before the first reset. The
+        observations returned share their memory with ``states.obs``."""
+        return None if self._carry is None else self._carry[0]
 
     def close_extras(self, **kwargs: Any) -> None:
         """Drops the states; gymnasium's :meth:`close` calls this once, however often it is called."""
