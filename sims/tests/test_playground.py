@@ -12,6 +12,7 @@ import jax
 import pytest
 import torch
 from brax import envs as brax_envs
+from brax.envs.base import Wrapper
 from brax.envs.wrappers.training import EpisodeWrapper
 from gymnasium.vector import AutoresetMode
 from mujoco_playground import registry
@@ -73,10 +74,27 @@ CASES = {
 MODES = [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 
-def collect(case: str, mode: AutoresetMode):
+class DictObs(Wrapper):
+    """A Brax env whose observation is a dict of arrays, as some of Playground's envs have (``state``,
+    ``privileged_state``)."""
+
+    def _dict(self, state):
+        return state.replace(obs={"state": state.obs, "twice": 2 * state.obs})
+
+    def reset(self, rng):
+        return self._dict(self.env.reset(rng))
+
+    def step(self, state, action):
+        return self._dict(self.env.step(state.replace(obs=state.obs["state"]), action))
+
+
+def collect(case: str, mode: AutoresetMode, *, group: str | None = None):
     make, limit, _ = CASES[case]
-    envs = Recorder(FromJax(make(), ENVS, max_episode_steps=limit, autoreset_mode=mode))
-    agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
+    env = make() if group is None else DictObs(make())
+    envs = Recorder(FromJax(env, ENVS, max_episode_steps=limit, autoreset_mode=mode))
+    space = envs.single_observation_space
+    obs_dim = (space if group is None else space[group]).shape[0]
+    agent = LinearAgent(obs_dim, envs.single_action_space.shape[0], group=group)
     with Collector(
         envs,
         agent,
@@ -122,6 +140,14 @@ def test_time_limit_and_flags(collected):
         assert bool((batch["episode_length"][~batch["done"]] < limit).all())
         # a time-out's next_obs is the final observation, not the next episode's first
         assert not torch.equal(batch["next_obs"][truncated], batch["obs"].roll(-1, 0)[truncated])
+
+
+def test_dict_observations():
+    batches, record, agent = collect("brax-inverted_pendulum", AutoresetMode.SAME_STEP, group="state")
+    assert set(batches[0]["obs"].keys()) == {"state", "twice"}
+    assert sum(int(batch["done"].sum()) for batch in batches) >= ENVS
+    check_same_step_rows(batches, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)
+    torch.testing.assert_close(batches[0]["next_obs", "twice"], 2 * batches[0]["next_obs", "state"])
 
 
 def test_same_step_and_disabled_give_the_same_batches():

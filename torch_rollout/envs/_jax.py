@@ -80,6 +80,7 @@ class FromJax(VectorEnv):
             values, ``"SameStep"``, ``"Disabled"``).
 
     Raises:
+        ModuleNotFoundError: JAX is not installed.
         TypeError: ``num_envs`` or ``max_episode_steps`` not an int; ``env`` without
             ``reset``, ``step`` or ``action_size``.
         ValueError: ``num_envs`` or ``max_episode_steps`` below 1, an autoreset mode
@@ -116,9 +117,14 @@ class FromJax(VectorEnv):
         max_episode_steps: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
     ) -> None:
-        import jax
-        import jax.numpy as jnp
-
+        try:
+            import jax
+            import jax.numpy as jnp
+        except ImportError as error:
+            raise ModuleNotFoundError(
+                f"FromJax needs JAX, which torch_rollout does not require: install jax (and the simulator, e.g. brax "
+                f"or playground) in this environment ({error})"
+            ) from error
         self._jax = jax
         for name in ("reset", "step", "action_size"):
             if not hasattr(env, name):
@@ -146,24 +152,7 @@ class FromJax(VectorEnv):
         # One env's state, traced without running anything: its observation's structure and its info's keys.
         shape = jax.eval_shape(env.reset, jax.random.PRNGKey(0))
         self.own_time_limit = "truncation" in getattr(shape, "info", {})
-        if self.own_time_limit and max_episode_steps is not None:
-            raise ValueError(
-                f"FromJax(max_episode_steps={max_episode_steps}): the env keeps its own time limit "
-                "(state.info['truncation'], Brax's EpisodeWrapper); drop max_episode_steps, or the EpisodeWrapper"
-            )
-        if self.own_time_limit:
-            limit = getattr(env, "episode_length", None)  # EpisodeWrapper's, forwarded by Brax's wrappers
-            self.max_episode_steps = limit if isinstance(limit, int) else None
-        else:
-            if max_episode_steps is None:
-                max_episode_steps = _config_episode_length(env)
-            if max_episode_steps is None:
-                raise ValueError(
-                    f"FromJax(env={env!r}): the env has no time limit (no state.info['truncation'] from Brax's "
-                    "EpisodeWrapper, no config.episode_length as MuJoCo Playground's envs have): pass "
-                    "max_episode_steps=..."
-                )
-            self.max_episode_steps = max_episode_steps
+        self.max_episode_steps = _time_limit(env, own=self.own_time_limit, max_episode_steps=max_episode_steps)
 
         single = _space(shape.obs)
         self.single_observation_space = single
@@ -389,6 +378,27 @@ def _space(obs: Any) -> spaces.Space:
     if isinstance(obs, Mapping):
         return spaces.Dict({key: _space(value) for key, value in obs.items()})
     return spaces.Box(-np.inf, np.inf, tuple(obs.shape), np.dtype(obs.dtype))
+
+
+def _time_limit(env: Any, *, own: bool, max_episode_steps: int | None) -> int | None:
+    """The step at which episodes time out: the env's own (``own``: Brax's EpisodeWrapper, its ``episode_length``
+    where it says), ``max_episode_steps``, or a Playground env's ``config.episode_length``."""
+    if own:
+        if max_episode_steps is not None:
+            raise ValueError(
+                f"FromJax(max_episode_steps={max_episode_steps}): the env keeps its own time limit "
+                "(state.info['truncation'], Brax's EpisodeWrapper); drop max_episode_steps, or the EpisodeWrapper"
+            )
+        limit = getattr(env, "episode_length", None)  # EpisodeWrapper's, forwarded by Brax's wrappers
+        return limit if isinstance(limit, int) else None
+    if max_episode_steps is None:
+        max_episode_steps = _config_episode_length(env)
+    if max_episode_steps is None:
+        raise ValueError(
+            f"FromJax(env={env!r}): the env has no time limit (no state.info['truncation'] from Brax's "
+            "EpisodeWrapper, no config.episode_length as MuJoCo Playground's envs have): pass max_episode_steps=..."
+        )
+    return max_episode_steps
 
 
 def _config_episode_length(env: Any) -> int | None:
