@@ -25,8 +25,8 @@ class FromJax(VectorEnv):
     ``env`` is anything shaped like a Brax env: ``env.reset(rng) -> state``,
     ``env.step(state, action) -> state``, where ``state.obs`` (an array, or a
     dict of arrays), ``state.reward`` and ``state.done`` (float, 1 at an
-    episode's end) are one env's, and ``env.observation_size`` and
-    ``env.action_size``. Brax's envs (``brax.envs.get_environment``, with or
+    episode's end) are one env's, and ``env.action_size`` (the observation's
+    structure is read from a trace of ``reset``). Brax's envs (``brax.envs.get_environment``, with or
     without its ``EpisodeWrapper``) and MuJoCo Playground's
     (``mujoco_playground.registry.load``) are. Their ``reset`` and ``step`` run
     under ``jax.jit(jax.vmap(...))`` over ``num_envs`` envs, compiled once
@@ -93,11 +93,11 @@ class FromJax(VectorEnv):
 
         .. code-block:: text
 
-            from brax import envs
+            from brax import envs as brax_envs
             from torch_rollout import Collector
             from torch_rollout.envs import FromJax
 
-            envs = FromJax(envs.get_environment("inverted_pendulum"), 1024, max_episode_steps=1000)
+            envs = FromJax(brax_envs.get_environment("inverted_pendulum"), 1024, max_episode_steps=1000)
             collector = Collector(envs, policy, num_steps=32, device="cpu", seed=0)
     """
 
