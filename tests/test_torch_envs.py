@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -541,3 +542,14 @@ def test_the_ids_work_in_a_fresh_interpreter_with_the_module_prefix():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["CartPole", "(3,", "4)"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is not None, reason="JAX is installed here")
+def test_from_jax_imports_jax_only_when_made() -> None:
+    """torch_rollout.envs.FromJax is there without JAX; making one says what to install (the real tests: sims/)."""
+    code = (
+        "import sys, torch_rollout.envs as envs; from torch_rollout.envs import FromJax; "
+        "assert 'jax' not in sys.modules and FromJax is envs.FromJax; FromJax(object(), 1)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ModuleNotFoundError: FromJax needs JAX" in done.stderr, done.stderr

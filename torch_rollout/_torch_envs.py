@@ -1,7 +1,7 @@
 """The driver of vector envs of torch tensors: every step stays on the env's device, without host syncs.
 
 GPU simulators (ManiSkill3, Isaac Lab, Genesis through adapters, Brax and MuJoCo
-Playground through DLPack) and :mod:`torch_rollout.envs` present themselves as
+Playground through ``FromJax``) and :mod:`torch_rollout.envs` present themselves as
 gymnasium vector envs whose observations, rewards and flags are torch tensors
 on one device. :class:`TorchEnvs` keeps them there: actions go to the env as
 tensors on its device, and flags, masks and episode totals are computed with

@@ -10,7 +10,7 @@ import torch
 from gymnasium.vector import VectorWrapper
 from torch import Tensor, nn
 
-__all__ = ["LinearAgent", "Recorder", "Step", "check_same_step_rows", "gae_float64"]
+__all__ = ["LinearAgent", "Recorder", "Step", "as_same_step", "check_same_step_rows", "gae_float64"]
 
 
 def _clone(x: Any) -> Any:
@@ -127,6 +127,26 @@ def gae_float64(
         carry = delta + gamma * gae_lambda * not_done[t] * carry
         advantage[t] = carry
     return advantage, advantage + value
+
+
+def as_same_step(record: Record, *, final_key: str) -> Record:
+    """What a DISABLED env returned, as a SAME_STEP env would have: each step's observation is that of the
+    ``reset(options={"reset_mask": ...})`` after it (the collector makes one after every step), and the step's own
+    observation, the one before the reset, is ``infos[final_key]``."""
+    assert len(record.resets) == len(record.steps) + 1, "a masked reset after every step"
+    steps = [
+        Step(
+            action=step.action,
+            obs=reset,
+            reward=step.reward,
+            terminated=step.terminated,
+            truncated=step.truncated,
+            infos={final_key: step.obs},
+            extra=step.extra,
+        )
+        for step, reset in zip(record.steps, record.resets[1:], strict=True)
+    ]
+    return Record(resets=record.resets[:1], steps=steps)
 
 
 def _where(done: Tensor, final: Any, obs: Any) -> Any:

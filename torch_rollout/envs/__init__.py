@@ -31,6 +31,8 @@ the CPU here); where ``torch_rollout`` may not be imported yet, name the module 
     >>> envs.close()
 """
 
+from typing import Any
+
 import gymnasium
 
 from torch_rollout._isaac_lab import FromIsaacLab
@@ -38,7 +40,17 @@ from torch_rollout.envs._cartpole import CartPole
 from torch_rollout.envs._pendulum import Pendulum
 from torch_rollout.envs._rsl_rl import FromRslRl
 
-__all__ = ["CartPole", "FromIsaacLab", "FromRslRl", "Pendulum"]
+__all__ = ["CartPole", "FromIsaacLab", "FromJax", "FromRslRl", "Pendulum"]
+
+
+def __getattr__(name: str) -> Any:
+    # FromJax on first use only, so that importing torch_rollout.envs never imports JAX's adapter (nor JAX).
+    if name == "FromJax":
+        from torch_rollout.envs._jax import FromJax
+
+        return FromJax
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Their gymnasium ids, for gymnasium.make_vec and the Collector's envs: torch_rollout/CartPole-v1 and
 # torch_rollout/Pendulum-v1, made with their keyword arguments (device=..., autoreset_mode=...).
