@@ -15,7 +15,7 @@ from torch import Tensor
 
 from torch_rollout._devices import indexed
 
-__all__ = ["TorchVectorEnv", "mix64"]
+__all__ = ["TorchVectorEnv", "mix64", "read_reset_mask"]
 
 # splitmix64's constants as signed int64 (torch has no full uint64 arithmetic); products wrap modulo 2**64.
 _GOLDEN = 0x9E3779B97F4A7C15 - 2**64
@@ -393,30 +393,40 @@ class TorchVectorEnv(VectorEnv[Tensor, Tensor, Tensor]):
 
     def _reset_mask(self, options: Mapping[str, Any] | None) -> Tensor | None:
         """``options["reset_mask"]`` as a bool tensor on the device, or ``None`` for a full reset."""
-        if options is None:
-            return None
-        unknown = sorted(set(options) - {"reset_mask"})
-        if unknown:
-            raise ValueError(
-                f"{self!r}.reset(options={dict(options)!r}): unknown option(s) {unknown}; the only option is "
-                "'reset_mask', a bool mask of the envs to reset"
-            )
-        if "reset_mask" not in options:
-            return None
-        mask = options["reset_mask"]
-        if not isinstance(mask, (Tensor, np.ndarray)):
-            raise TypeError(
-                f"{self!r}.reset(options={{'reset_mask': ...}}): expected a bool tensor or NumPy array of shape "
-                f"({self.num_envs},), got {type(mask).__name__}"
-            )
-        is_bool = mask.dtype == torch.bool if isinstance(mask, Tensor) else mask.dtype == np.bool_
-        if tuple(mask.shape) != (self.num_envs,) or not is_bool:
-            raise ValueError(
-                f"{self!r}.reset(options={{'reset_mask': ...}}): expected a bool mask of shape ({self.num_envs},), "
-                f"got shape {tuple(mask.shape)} and dtype {mask.dtype}"
-            )
-        # An all-false mask resets nothing: refusing it, as gymnasium does, would wait for the device.
-        return torch.as_tensor(mask, device=self.device)
+        return read_reset_mask(repr(self), options, self.num_envs, self.device)
+
+
+def read_reset_mask(env: str, options: Mapping[str, Any] | None, num_envs: int, device: Any) -> Tensor | None:
+    """``options["reset_mask"]`` of ``env.reset(options=...)`` as a bool tensor on ``device``; ``None``: a full reset.
+
+    Raises:
+        ValueError: an option other than ``reset_mask``, or a mask not of shape ``(num_envs,)`` and dtype bool.
+        TypeError: a mask that is neither a tensor nor a NumPy array.
+    """
+    if options is None:
+        return None
+    unknown = sorted(set(options) - {"reset_mask"})
+    if unknown:
+        raise ValueError(
+            f"{env}.reset(options={dict(options)!r}): unknown option(s) {unknown}; the only option is "
+            "'reset_mask', a bool mask of the envs to reset"
+        )
+    if "reset_mask" not in options:
+        return None
+    mask = options["reset_mask"]
+    if not isinstance(mask, (Tensor, np.ndarray)):
+        raise TypeError(
+            f"{env}.reset(options={{'reset_mask': ...}}): expected a bool tensor or NumPy array of shape "
+            f"({num_envs},), got {type(mask).__name__}"
+        )
+    is_bool = mask.dtype == torch.bool if isinstance(mask, Tensor) else mask.dtype == np.bool_
+    if tuple(mask.shape) != (num_envs,) or not is_bool:
+        raise ValueError(
+            f"{env}.reset(options={{'reset_mask': ...}}): expected a bool mask of shape ({num_envs},), "
+            f"got shape {tuple(mask.shape)} and dtype {mask.dtype}"
+        )
+    # An all-false mask resets nothing: refusing it, as gymnasium does, would wait for the device.
+    return torch.as_tensor(mask, device=device)
 
 
 def _positive_int(value: Any, where: str, meaning: str) -> int:

@@ -13,6 +13,8 @@ from gymnasium.vector.utils import batch_space
 from torch import Tensor
 from torch.utils.dlpack import from_dlpack
 
+from torch_rollout.envs._base import read_reset_mask
+
 __all__ = ["FromJax"]
 
 # jax.random.PRNGKey keeps only a seed's low 32 bits (without jax_enable_x64): env j's key s + j must fit.
@@ -341,29 +343,8 @@ class FromJax(VectorEnv):
 
     def _reset_mask(self, options: Mapping[str, Any] | None) -> Any:
         """``options["reset_mask"]`` as a JAX bool array (sharing the tensor's memory), or ``None``."""
-        if options is None:
-            return None
-        unknown = sorted(set(options) - {"reset_mask"})
-        if unknown:
-            raise ValueError(
-                f"{self!r}.reset(options={dict(options)!r}): unknown option(s) {unknown}; the only option is "
-                "'reset_mask', a bool mask of the envs to reset"
-            )
-        if "reset_mask" not in options:
-            return None
-        mask = options["reset_mask"]
-        if not isinstance(mask, (Tensor, np.ndarray)):
-            raise TypeError(
-                f"{self!r}.reset(options={{'reset_mask': ...}}): expected a bool tensor or NumPy array of shape "
-                f"({self.num_envs},), got {type(mask).__name__}"
-            )
-        mask = torch.as_tensor(mask, device=self.device)
-        if tuple(mask.shape) != (self.num_envs,) or mask.dtype != torch.bool:
-            raise ValueError(
-                f"{self!r}.reset(options={{'reset_mask': ...}}): expected a bool mask of shape ({self.num_envs},), "
-                f"got shape {tuple(mask.shape)} and dtype {mask.dtype}"
-            )
-        return self._jax.dlpack.from_dlpack(mask.contiguous())
+        mask = read_reset_mask(repr(self), options, self.num_envs, self.device)
+        return None if mask is None else self._jax.dlpack.from_dlpack(mask.contiguous())
 
 
 def _to_torch(x: Any) -> Any:
