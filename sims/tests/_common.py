@@ -8,9 +8,12 @@ from typing import Any
 
 import torch
 from gymnasium.vector import VectorWrapper
+from tensordict import TensorDict
 from torch import Tensor, nn
 
-__all__ = ["LinearAgent", "Recorder", "Step", "as_same_step", "check_same_step_rows", "gae_float64"]
+from torch_rollout import GAE, BatchKeys, Collector
+
+__all__ = ["LinearAgent", "Recorder", "Step", "as_same_step", "check_same_step_rows", "collect_lockstep", "gae_float64"]
 
 
 def _clone(x: Any) -> Any:
@@ -75,6 +78,34 @@ class Recorder(VectorWrapper):
             )
         )
         return obs, reward, terminated, truncated, infos
+
+
+def collect_lockstep(
+    envs: Recorder,
+    agent: nn.Module,
+    *,
+    num_steps: int,
+    batches: int,
+    gamma: float,
+    gae_lambda: float,
+    seed: int | None = None,
+    info_keys: tuple[str, ...] = (),
+) -> list[TensorDict]:
+    """``batches`` batches of ``envs`` on the thread in lockstep (``prefetch=0``): the recorder's steps are the
+    batches' rows, in order."""
+    with Collector(
+        envs,
+        agent,
+        num_steps=num_steps,
+        total_timesteps=envs.num_envs * num_steps * batches,
+        device="cpu",
+        backend="thread",
+        prefetch=0,
+        seed=seed,
+        gae=GAE(gamma=gamma, gae_lambda=gae_lambda),
+        keys=BatchKeys(next_obs=True, info_keys=info_keys),
+    ) as collector:
+        return list(collector)
 
 
 class LinearAgent(nn.Module):

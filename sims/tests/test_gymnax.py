@@ -9,9 +9,7 @@ from gymnasium.vector import AutoresetMode, VectorWrapper
 from gymnasium.wrappers.vector import JaxToTorch
 from gymnax.wrappers.gym import GymnaxToVectorGymWrapper
 
-from torch_rollout import GAE, BatchKeys, Collector
-
-from _common import LinearAgent, Recorder, check_same_step_rows
+from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, NUM_STEPS, BATCHES = 8, 64, 3
 GAMMA, LAMBDA = 0.99, 0.95
@@ -30,18 +28,7 @@ def collect(declare: bool):
     envs = JaxToTorch(GymnaxToVectorGymWrapper(env, num_envs=NUM_ENVS, params=params, seed=3), device="cpu")
     envs = Recorder(SameStep(envs) if declare else envs)
     agent = LinearAgent(4, 2, discrete=True)
-    with Collector(
-        envs,
-        agent,
-        num_steps=NUM_STEPS,
-        total_timesteps=NUM_ENVS * NUM_STEPS * BATCHES,
-        device="cpu",
-        backend="thread",
-        prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
+    batches = collect_lockstep(envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA)
     envs.close()
     assert sum(int(batch["done"].sum()) for batch in batches) > NUM_ENVS, "too few episode ends to check"
     return batches, envs.record, agent

@@ -13,10 +13,10 @@ import pytest
 from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
 from isaaclab_tasks.utils import resolve_task_config
 
-from torch_rollout import GAE, BatchKeys, Collector
+from torch_rollout import Collector
 from torch_rollout.envs import FromIsaacLab, FromRslRl
 
-from _common import LinearAgent, Recorder, check_same_step_rows
+from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, NUM_STEPS = 4, 16
 GAMMA, LAMBDA = 0.99, 0.95
@@ -88,18 +88,10 @@ def collect(env, batches: int, through: str):
         extra=lambda: (unwrapped.reset_terminated, unwrapped.reset_time_outs),
     )
     agent = LinearAgent(4, 1, group="policy")
-    with Collector(
-        envs,
-        agent,
-        num_steps=NUM_STEPS,
-        total_timesteps=NUM_ENVS * NUM_STEPS * batches,
-        device="cpu",
-        backend="thread",
-        prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True, info_keys=("bootstrap",) if through == "rsl_rl" else ()),
-    ) as collector:
-        got = list(collector)
+    info_keys = ("bootstrap",) if through == "rsl_rl" else ()
+    got = collect_lockstep(
+        envs, agent, num_steps=NUM_STEPS, batches=batches, gamma=GAMMA, gae_lambda=LAMBDA, info_keys=info_keys
+    )
     return got, envs.record, agent
 
 

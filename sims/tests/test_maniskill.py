@@ -8,9 +8,7 @@ import pytest
 import torch
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-from torch_rollout import GAE, BatchKeys, Collector
-
-from _common import LinearAgent, Recorder, check_same_step_rows
+from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
 
 NUM_STEPS, BATCHES = 32, 3
 # Short episodes, so that a few batches hold several time-outs (and their final observations)
@@ -31,19 +29,9 @@ def collected():
     )
     envs = Recorder(ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False))
     agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
-    with Collector(
-        envs,
-        agent,
-        num_steps=NUM_STEPS,
-        total_timesteps=NUM_STEPS * BATCHES,
-        device="cpu",
-        backend="thread",
-        prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
-        seed=0,
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
+    batches = collect_lockstep(
+        envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA, seed=0
+    )
     envs.close()
     return batches, envs.record, agent
 

@@ -17,10 +17,9 @@ from brax.envs.wrappers.training import EpisodeWrapper
 from gymnasium.vector import AutoresetMode
 from mujoco_playground import registry
 
-from torch_rollout import GAE, BatchKeys, Collector
 from torch_rollout.envs import FromJax
 
-from _common import LinearAgent, Recorder, as_same_step, check_same_step_rows
+from _common import LinearAgent, Recorder, as_same_step, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, STEPS = 16, 5
 # The collector's runs: few envs (each new shape compiles for seconds) and a time limit short enough that several
@@ -95,19 +94,9 @@ def collect(case: str, mode: AutoresetMode, *, group: str | None = None):
     space = envs.single_observation_space
     obs_dim = (space if group is None else space[group]).shape[0]
     agent = LinearAgent(obs_dim, envs.single_action_space.shape[0], group=group)
-    with Collector(
-        envs,
-        agent,
-        num_steps=NUM_STEPS,
-        total_timesteps=ENVS * NUM_STEPS * BATCHES,
-        device="cpu",
-        backend="thread",
-        prefetch=0,  # lockstep: the recorder's steps are the batches' rows, in order
-        seed=0,
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
+    batches = collect_lockstep(
+        envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA, seed=0
+    )
     envs.close()
     return batches, envs.record, agent
 
