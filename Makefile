@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 # shapes, GAE against a float64 loop): `make test` runs them again on other CPU kernels, MKL's reproducible code
 # path and torch's non-vectorised one, with linear layers whose last bits depend on the call's row count
 # (tests/shaped_floats), so that a comparison that holds only on this CPU's kernels fails here too.
-FLOAT_TESTS ?= tests/test_gae.py tests/test_torch_loop.py tests/test_collector.py tests/test_next_obs.py \
+FLOAT_TESTS ?= tests/test_shaped_floats.py tests/test_gae.py tests/test_torch_loop.py tests/test_collector.py tests/test_next_obs.py \
 	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
