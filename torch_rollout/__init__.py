@@ -11,6 +11,7 @@ from torch_rollout._envs import gym_envs
 from torch_rollout._placement import Processes, Ray, Thread
 from torch_rollout._seed import Seed
 from torch_rollout._spec import BatchKeys, CudaGraph
+from torch_rollout._stats import Stats, WorkerStats
 from torch_rollout.collector import Collector
 from torch_rollout.gae import GAE, compute_gae
 
@@ -23,7 +24,9 @@ __all__ = [
     "Processes",
     "Ray",
     "Seed",
+    "Stats",
     "Thread",
+    "WorkerStats",
     "compute_gae",
     "double_buffered",
     "envpool_envs",

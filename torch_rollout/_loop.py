@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, cast
 
 import numpy as np
@@ -47,6 +48,7 @@ from torch_rollout._recurrent import RecurrentState
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
 from torch_rollout._spec import LoopSpec
+from torch_rollout._stats import Account
 
 __all__ = ["RolloutLoop", "Stopped"]
 
@@ -121,6 +123,7 @@ class RolloutLoop:
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
         self.outputs: OutputLayout | None = None  # the policy's outputs, once its first call told them
+        self.account = Account()  # where its time goes (see torch_rollout._stats)
         loop_keys = LOOP_KEYS
         initial_state = self.recurrent = None
         if spec.initial_state is not None:
@@ -176,7 +179,9 @@ class RolloutLoop:
     def reset(self) -> None:
         N = self.num_envs
         self.row = None
+        began = perf_counter()
         self.waiting = self.driver.reset(self.seed)
+        self.account.env += perf_counter() - began
         self.buffers = deque()
         self.first_row = 0  # an env's row index of row 0 of buffers[0]
         self.step = 0  # rows acted on since the reset, when every env steps at once
@@ -195,6 +200,11 @@ class RolloutLoop:
         ``out``: a batch of an earlier call to write this one into (a shared-memory slot).
         """
         T, N = self.num_steps, self.num_envs
+        account = self.account
+        began = perf_counter()
+        if account.since is not None:
+            account.idle += began - account.since
+            account.since = None
         if self.reset_pending:
             self.reset_pending = False
             self.reset()
@@ -212,11 +222,17 @@ class RolloutLoop:
         self.first_row += T
         batch = self._deliver(head)
         if out is None:
-            return batch if self.ring is None else self.ring.deliver(head, batch)
-        if batch is out:
-            return batch
-        out.copy_(batch)
-        return out
+            if self.ring is not None:
+                batch = self.ring.deliver(head, batch)
+        elif batch is not out:
+            out.copy_(batch)
+            batch = out
+        ended = perf_counter()
+        account.busy += ended - began
+        account.batches += 1
+        account.frames += T * N
+        account.since = ended
+        return batch
 
     def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:
         if out is None and self.ring is not None:
@@ -236,7 +252,9 @@ class RolloutLoop:
         if self.waiting is not None:
             record, self.waiting = self.waiting, None
             self._act(record)
+        began = perf_counter()
         record = self.driver.recv()
+        self.account.env += perf_counter() - began
         if record.reward is None:  # the first observations of envs just reset
             if self.driver.acts_at_once:
                 self._act(record)
@@ -317,7 +335,10 @@ class RolloutLoop:
         else:
             assert self.recurrent is not None  # whose state it is
             call = PolicyCall(obs, state[0], self.recurrent.is_init_tensor(state[1]))
+        began = perf_counter()
         out_t, version, next_state = self.acting.act(call, n)
+        acted = perf_counter()
+        self.account.policy += acted - began
         if self.outputs is None:
             self.outputs = self.acting.layout
             assert self.outputs is not None  # set by the policy's first call
@@ -325,7 +346,9 @@ class RolloutLoop:
             self.driver.keep_final = self.outputs.has_value or self.next_obs_key is not None
         if self.check_finite:
             self._check_finite_action(out_t["action"], ids)
+        sending = perf_counter()
         self.driver.send(out_t["action"], ids)
+        self.account.env += perf_counter() - sending
         return out_t, version, next_state
 
     def _write_results(self, record: StepRecord, rows: np.ndarray) -> None:
@@ -393,6 +416,7 @@ class RolloutLoop:
         key = self.outputs.value_key
         if key is not None:  # the policy returns values
             value = head.entry(batch, key)
+            began = perf_counter()
             if ahead is not None:
                 assert ahead.outputs is not None  # rows acted on: their outputs stored
                 last = ahead.outputs[key][0]
@@ -404,6 +428,7 @@ class RolloutLoop:
                 self.acting.write_final_values(next_value, finals, self.num_envs)
             elif dense is not None:
                 self.acting.write_dense_final_values(next_value, dense)
+            self.account.policy += perf_counter() - began
             if own is not None:
                 next_value.copy_(where_rows(own.to(next_value.device), value, next_value))
         return batch

@@ -46,10 +46,12 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """The worker's share of a batch: a slot's index (worker processes, with the slots the first time) or arrays."""
+    """The worker's share of a batch: a slot's index (worker processes, with the slots the first time) or arrays,
+    and the account of the worker's time so far."""
 
     data: Any
     slots: list[Any] | None = None
+    account: tuple[float, float, float, float, int, int] | None = None  # the worker loop's Account.totals()
 
 
 @dataclass(frozen=True, slots=True)

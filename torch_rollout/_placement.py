@@ -68,6 +68,9 @@ class Placement(Protocol):
     def start(self) -> None:
         """Begins serving requests; called last in the Collector's construction (after this, only reseeds)."""
 
+    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+        """Each loop's :meth:`torch_rollout._stats.Account.totals`, in worker order (one for the thread)."""
+
     def request(self) -> None:
         """Asks for one more batch; never blocks."""
 

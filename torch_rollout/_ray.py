@@ -463,7 +463,7 @@ class _RayWorker:
             return STOP
         except BaseException as exc:
             return self._error(exc)
-        return Batch(arrays)
+        return Batch(arrays, account=self.loop.account.totals())
 
     def _load(self, weights: np.ndarray) -> None:
         if self.flat.device.type == "cpu":

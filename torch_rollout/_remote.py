@@ -61,6 +61,8 @@ class RemotePlacement:
         self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
         self._failure: BaseException | None = None  # a worker's error or death
         self.closed = False
+        # Each worker's Account.totals() as of its last batch (see torch_rollout._stats).
+        self._accounts: list[tuple[float, float, float, float, int, int]] = [(0.0, 0.0, 0.0, 0.0, 0, 0)] * num_workers
 
     @property
     def extra_starts(self) -> int:
@@ -96,6 +98,8 @@ class RemotePlacement:
             self._failure = self._remote_error(k, message.error, message.traceback)
         elif not isinstance(message, Stop):  # a worker stopped by close() has nothing to give
             self._received[k] = self._unpack(k, message)
+            if isinstance(message, Batch) and message.account is not None:
+                self._accounts[k] = message.account
 
     def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
         """The worker's exception, its traceback text chained as the cause and a note naming the worker."""
@@ -120,6 +124,10 @@ class RemotePlacement:
 
     def start(self) -> None:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
+
+    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+        """Each worker's account of its time, as of its last batch (see :class:`torch_rollout._stats.Account`)."""
+        return list(self._accounts)
 
     def _await_ready(self, timeout: float | None, waiting_for: str) -> AutoresetMode:
         """Gathers every worker's :class:`Ready` (its envs built); returns their autoreset mode.

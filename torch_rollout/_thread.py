@@ -111,6 +111,10 @@ class _LocalPlacement:
 
     # -- batches -------------------------------------------------------------------------------
 
+    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+        """The loop's account of its time, idle counted up to now (see :class:`torch_rollout._stats.Account`)."""
+        return [self.loop.account.totals(time.perf_counter())]
+
     def reseed(self, seed: int | None) -> None:
         # Before the first request: the loop has not touched the envs yet; its first batch resets them.
         self.loop.reseed(seed)

@@ -25,6 +25,7 @@ from torch_rollout._isaac_lab import adapt_isaac_lab
 from torch_rollout._placement import Backend, Placement, resolve_backend
 from torch_rollout._seed import Seed, resolve_seed, seed_step
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
+from torch_rollout._stats import Setting, Stats, StatsClock, available_cores
 from torch_rollout._warnings import warn
 from torch_rollout._weights import weight_pairs
 from torch_rollout.gae import GAE, add_advantages
@@ -264,6 +265,20 @@ class Collector:
         )
         self.envs = self._placement.envs
         self.autoreset_mode = self._placement.autoreset_mode
+        self._setting = Setting(
+            backend=chosen.name,
+            num_workers=num_workers,
+            num_envs=num_envs,
+            num_steps=num_steps,
+            prefetch=prefetch,
+            device=self.device.type,
+            live_envs=isinstance(envs, VectorEnv),
+            check_finite=bool(check_finite),
+            info_keys=len(keys.info_specs or ()),
+            cores=available_cores(),
+            gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        )
+        self._clock = StatsClock()
         self.total_timesteps = total_timesteps
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
@@ -300,16 +315,24 @@ class Collector:
         if self.closed:
             raise RuntimeError("Collector: cannot iterate a closed collector; create a new Collector")
         # Ctrl-C can land anywhere in here; a later call then picks up where this one stopped.
+        clock = self._clock
+        began = time.perf_counter()
         self.update_policy()
         self._request(ahead=self.prefetch + 1)
         placement = self._placement
         ready = placement.ready
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        waiting = time.perf_counter()
         if placement.wait(deadline):
             batch, error = ready[0]
             if error is None:
+                received = time.perf_counter()
                 # In place, so that a call interrupted in here is redone on the same batch.
                 add_advantages(batch, self.gae)
+                ended = time.perf_counter()
+                clock.wait += received - waiting
+                clock.work += (waiting - began) + (ended - received)
+                clock.delivered += 1
                 # From here to the return no call is made, so no signal handler runs: the batch cannot be lost.
                 del ready[0]
                 self._progress.delivered += 1
@@ -358,6 +381,35 @@ class Collector:
             >>> envs.close()
         """
         return self._backend
+
+    # -- where the time goes ---------------------------------------------------------------------
+
+    def stats(self, reset: bool = False) -> Stats:
+        """The collector's account of its time since it was built or last reset: what bounds the run.
+
+        Always kept, at a few clock reads per env step. ``print(collector.stats())``
+        gives one line: frames per second; the collection loops' shares of their
+        time stepping the envs (``env``), in the policy's forward (``policy``),
+        in the collector's own work (``collector``: rows, bootstraps, infos, and
+        in the trainer's thread the weight refresh and GAE) and waiting for the
+        trainer to ask for the next batch (``idle``); the share of the trainer's
+        time spent waiting in ``next()``; and a verdict that names what bounds
+        the run and the change that would help. Worker processes and Ray actors
+        each keep their own account (``stats.workers``), sent with each batch.
+        ``docs/bottleneck.md`` shows how to read it.
+
+        Args:
+            reset: start a new account after this one (e.g. once per logging interval, or after warm-up).
+
+        Returns:
+            A :class:`torch_rollout.Stats` (picklable): ``seconds``, ``frames``, ``fps``, ``env``, ``policy``,
+            ``collector``, ``idle`` and ``wait`` in seconds, ``shares()``, ``verdict()``, ``workers``.
+        """
+        accounts = self._placement.accounts()
+        stats = self._clock.stats(accounts, frames_per_batch=self.num_steps * self.num_envs, setting=self._setting)
+        if reset:
+            self._clock.reset(accounts)
+        return stats
 
     # -- weights ---------------------------------------------------------------------------------
 

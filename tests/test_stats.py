@@ -1,0 +1,210 @@
+"""collector.stats(): the account of where the time goes, per phase and per worker, and its verdict.
+
+The phases are made slow on purpose (an env or a policy that sleeps, a trainer that sleeps between batches), so
+that the assertions hold on any machine: a sleep lasts at least its length, and each slow phase is many times
+longer than everything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import time
+
+import pytest
+
+from torch_rollout import Collector, Stats, WorkerStats
+from torch_rollout._stats import Setting
+
+from placements import PLACEMENTS, local_ray, num_loops, on_ray
+from reliability_envs import ConstantPolicy
+from timed_envs import make_slow_envs
+
+T, N = 5, 4
+PAUSE = 0.004  # seconds per env's step, or per forward
+
+
+def collector(env_pause: float = 0.0, policy_pause: float = 0.0, **options) -> Collector:
+    options.setdefault("backend", "thread")
+    options.setdefault("prefetch", 0)
+    return Collector(
+        functools.partial(make_slow_envs, pause=env_pause),
+        ConstantPolicy(pause=policy_pause),
+        num_envs=N,
+        num_steps=T,
+        device="cpu",
+        **options,
+    )
+
+
+def take(c: Collector, batches: int, pause: float = 0.0) -> None:
+    it = iter(c)
+    for _ in range(batches):
+        next(it)
+        time.sleep(pause)
+
+
+@pytest.mark.parametrize("backend,prefetch", [("thread", 0), ("thread", 1)])
+def test_env_time_is_counted_as_env(backend, prefetch):
+    with collector(env_pause=PAUSE, backend=backend, prefetch=prefetch) as c:
+        take(c, 3)
+        stats = c.stats()
+    assert stats.batches == 3 and stats.frames == 3 * T * N
+    # Each of the T vector steps of a batch sleeps N times (no episode ends).
+    assert stats.env >= 3 * T * N * PAUSE
+    assert stats.env > 5 * (stats.policy + stats.collector)
+    assert max(stats.shares(), key=stats.shares().get) == "env"
+    assert "env steps took" in stats.verdict()
+
+
+def test_policy_time_is_counted_as_policy():
+    with collector(policy_pause=PAUSE) as c:
+        take(c, 3)
+        stats = c.stats()
+    # A forward per step, and one more per batch for the value of the observations the next batch starts with.
+    assert stats.policy >= 3 * (T + 1) * PAUSE
+    assert stats.policy > 5 * (stats.env + stats.collector)
+    assert "the policy's forward took" in stats.verdict()
+
+
+def test_lockstep_trainer_time_is_the_loops_idle_and_not_waiting():
+    pause = 0.05
+    with collector() as c:
+        take(c, 4, pause=pause)
+        stats = c.stats()
+    # The loop runs inside next(): between batches it is idle while the trainer sleeps.
+    assert stats.idle >= 3 * pause
+    assert stats.wait < stats.seconds - 3 * pause
+    assert stats.training >= 3 * pause
+
+
+def test_a_slow_trainer_is_named_as_what_bounds_the_run():
+    with collector(backend="thread", prefetch=1) as c:
+        take(c, 4, pause=0.1)
+        stats = c.stats()
+    assert stats.verdict().startswith("training bounds the run")
+    assert stats.wait < 0.1 * stats.seconds
+
+
+def test_the_thread_waits_for_requests_as_idle():
+    with collector(backend="thread", prefetch=1) as c:
+        take(c, 3, pause=0.1)
+        stats = c.stats()
+    # With one batch ahead, the loop waits for the trainer's next request about as long as the trainer sleeps.
+    assert stats.idle >= 0.1
+    assert stats.workers[0].idle == stats.idle
+
+
+def test_reset_starts_a_new_account():
+    with collector(env_pause=PAUSE) as c:
+        take(c, 2)
+        before = c.stats(reset=True)
+        assert before.batches == 2
+        after = c.stats()
+        assert after.batches == 0 and after.frames == 0 and after.seconds < before.seconds
+        assert after.env < PAUSE * N  # nothing stepped since the reset, except perhaps nothing at all
+        take_more = iter(c)
+        next(take_more)
+        later = c.stats()
+    assert later.batches == 1 and later.frames == T * N
+    assert later.env >= T * N * PAUSE
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", [p for p in PLACEMENTS if num_loops(p.values[0]) == 2])
+def test_workers_send_their_accounts(placement):
+    if on_ray(placement):
+        local_ray()
+    with collector(env_pause=PAUSE, prefetch=1, **placement) as c:
+        take(c, 3)
+        stats = c.stats()
+    assert len(stats.workers) == 2
+    for worker in stats.workers:
+        # Each worker steps N / 2 envs; its account counts up to its last batch (3 or more, collected ahead).
+        assert worker.frames >= 3 * T * (N // 2)
+        assert worker.env >= 3 * T * (N // 2) * PAUSE
+    assert stats.env == pytest.approx(sum(w.env for w in stats.workers))
+    assert stats.setting.backend == ("ray" if on_ray(placement) else "process") and stats.setting.num_workers == 2
+
+
+def test_stats_pickle_and_print_in_one_line():
+    with collector(env_pause=PAUSE) as c:
+        take(c, 2)
+        stats = c.stats()
+    again = pickle.loads(pickle.dumps(stats))
+    assert again == stats
+    line = str(stats)
+    assert "\n" not in line
+    assert "frames/s" in line and "env " in line and "trainer waits" in line
+
+
+def _setting(**changes) -> Setting:
+    base = dict(
+        backend="thread",
+        num_workers=1,
+        num_envs=8,
+        num_steps=128,
+        prefetch=0,
+        device="cpu",
+        live_envs=False,
+        check_finite=False,
+        info_keys=0,
+        cores=2,
+        gpus=0,
+    )
+    return Setting(**{**base, **changes})
+
+
+def _stats(setting: Setting, *, env=8.0, policy=1.0, collector=1.0, idle=0.0, wait=9.0, seconds=10.0) -> Stats:
+    workers = tuple(
+        WorkerStats(
+            env=env / setting.num_workers,
+            policy=policy / setting.num_workers,
+            collector=collector / setting.num_workers,
+            idle=idle / setting.num_workers,
+            frames=100,
+        )
+        for _ in range(setting.num_workers)
+    )
+    return Stats(
+        seconds=seconds,
+        frames=1000,
+        batches=10,
+        env=env,
+        policy=policy,
+        collector=collector,
+        idle=idle,
+        wait=wait,
+        workers=workers,
+        setting=setting,
+    )
+
+
+def test_verdict_recommends_workers_up_to_the_cores_and_never_past_them():
+    assert "Processes(num_workers=2)" in _stats(_setting(cores=2)).verdict()
+    assert "Processes(num_workers=4)" in _stats(_setting(cores=4)).verdict()
+    at_the_cores = _stats(_setting(backend="process", num_workers=2, cores=2)).verdict()
+    assert "Processes(" not in at_the_cores and "not more workers" in at_the_cores
+    assert "Processes(" not in _stats(_setting(cores=1)).verdict()
+    # A trainer busy most of the time keeps a core for itself.
+    busy_trainer = _stats(_setting(cores=4), wait=3.0)
+    assert "Processes(num_workers=3)" in busy_trainer.verdict()
+    # Never more workers than envs.
+    assert "Processes(num_workers=2)" in _stats(_setting(cores=16, num_envs=2)).verdict()
+
+
+def test_verdict_names_the_collectors_setting_to_change():
+    verdict = _stats(_setting(num_steps=1, check_finite=True, info_keys=3), env=1.0, collector=8.0).verdict()
+    assert "the collector's own work took" in verdict
+    assert "num_steps=1" in verdict and "check_finite=False" in verdict and "info_keys" in verdict
+
+
+def test_verdict_offers_a_gpu_only_where_there_is_one():
+    policy_bound = dict(env=1.0, policy=8.0)
+    assert "device='cuda'" not in _stats(_setting(gpus=0), **policy_bound).verdict()
+    assert "device='cuda'" in _stats(_setting(gpus=1), **policy_bound).verdict()
+
+
+def test_a_live_env_is_pointed_to_a_recipe_for_worker_processes():
+    verdict = _stats(_setting(live_envs=True)).verdict()
+    assert "make_envs(num_envs)" in verdict

@@ -1,0 +1,273 @@
+"""Where a collector's time goes: the loop's account of its phases, and the :class:`Stats` that the trainer reads.
+
+Every collection loop keeps an :class:`Account` of its own seconds: stepping
+the envs, in the policy's forward, its own work (rows, bootstraps, infos), and
+idle between batches (waiting for the trainer to ask for the next one). The
+clock is read around each env call and each forward, a few reads per step.
+Worker processes and Ray actors send their account with each batch; the
+trainer's side adds what it spends in ``next()``: waiting for the batch, and
+the collector's work there (the weight refresh, GAE). :meth:`Collector.stats`
+puts them together as :class:`Stats`, over the time since the collector was
+built or the account was last reset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from time import perf_counter
+
+__all__ = ["Account", "Setting", "Stats", "WorkerStats"]
+
+
+class Account:
+    """One collection loop's running totals, in seconds (``perf_counter``) and frames; only ever grows."""
+
+    __slots__ = ("batches", "busy", "env", "frames", "idle", "policy", "since")
+
+    def __init__(self) -> None:
+        self.env = 0.0  # in the driver's env calls: reset, handing over actions, stepping, receiving
+        self.policy = 0.0  # in the policy's forward: acting, and the bootstrap values of final observations
+        self.busy = 0.0  # inside collect(): env + policy + the loop's own work
+        self.idle = 0.0  # between the end of one collect() and the start of the next
+        self.batches = 0
+        self.frames = 0
+        self.since: float | None = None  # when the last collect() ended; None inside one and before the first
+
+    def totals(self, now: float | None = None) -> tuple[float, float, float, float, int, int]:
+        """``(env, policy, own work, idle, batches, frames)`` so far; with ``now``, idle counts up to it."""
+        idle = self.idle
+        if now is not None and self.since is not None:
+            idle += max(0.0, now - self.since)
+        return (self.env, self.policy, self.busy - self.env - self.policy, idle, self.batches, self.frames)
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One collection loop's seconds (the thread's, or one worker process's or Ray actor's).
+
+    ``env``: stepping its envs; ``policy``: its policy's forward (acting and
+    bootstrap values); ``collector``: its own work (rows, final observations,
+    infos, episode totals); ``idle``: waiting for the trainer to ask for a
+    batch (in lockstep: the trainer's time between ``next()`` calls).
+    """
+
+    env: float
+    policy: float
+    collector: float
+    idle: float
+    frames: int
+
+    @property
+    def seconds(self) -> float:
+        """Its accounted time: ``env + policy + collector + idle``."""
+        return self.env + self.policy + self.collector + self.idle
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the verdict needs to know of the collector: where it runs and the settings that cost time."""
+
+    backend: str
+    num_workers: int
+    num_envs: int
+    num_steps: int
+    prefetch: int
+    device: str
+    live_envs: bool  # a VectorEnv given as it is: it cannot move to worker processes
+    check_finite: bool
+    info_keys: int
+    cores: int
+    gpus: int
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# The verdict's thresholds: below this share of its time waiting in next(), the trainer bounds the run.
+_TRAINER_BOUND = 0.10
+_SHARE_KEYS = ("env", "policy", "collector")
+_PHASES = {"env": "env steps", "policy": "the policy's forward", "collector": "the collector's own work"}
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A collector's account of its time since it was built or last reset: ``collector.stats()``.
+
+    Attributes:
+        seconds: wall-clock time of the account.
+        frames: env steps delivered (``num_steps * num_envs`` per batch).
+        batches: batches delivered.
+        env, policy, collector, idle: the collection loops' seconds, summed over workers: stepping the envs, the
+            policy's forward, the collector's own work (rows, bootstraps, infos, and in the trainer's thread the
+            weight refresh and GAE), and waiting for the trainer to ask for a batch.
+        wait: seconds the trainer waited in ``next()`` for a batch (in lockstep: collecting it).
+        workers: each loop's :class:`WorkerStats`, in worker order (one for the thread); a worker's
+            account counts up to its last batch.
+        setting: the collector's placement and settings, for :meth:`verdict`.
+
+    ``str(stats)`` is one line: frames per second, the loops' shares of their
+    time, the trainer's share spent waiting, and the verdict. Stats pickle.
+    """
+
+    seconds: float
+    frames: int
+    batches: int
+    env: float
+    policy: float
+    collector: float
+    idle: float
+    wait: float
+    workers: tuple[WorkerStats, ...]
+    setting: Setting
+
+    @property
+    def fps(self) -> float:
+        """Frames (env steps) delivered per second."""
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def training(self) -> float:
+        """The trainer's seconds outside the collector: ``seconds`` less ``wait`` and its collector work there."""
+        return max(0.0, self.seconds - self.wait - self._trainer_work)
+
+    @property
+    def _trainer_work(self) -> float:
+        return max(0.0, self.collector - sum(w.collector for w in self.workers))
+
+    def shares(self) -> dict[str, float]:
+        """The loops' shares of their accounted time: ``env``, ``policy``, ``collector``, ``idle`` (summing to 1)."""
+        total = self.env + self.policy + self.collector + self.idle
+        if total <= 0:
+            return dict.fromkeys(("env", "policy", "collector", "idle"), 0.0)
+        return {key: getattr(self, key) / total for key in ("env", "policy", "collector", "idle")}
+
+    def verdict(self) -> str:
+        """What bounds the run, measured by this account, and the change that would help (or that none would)."""
+        if self.batches == 0 or self.seconds <= 0:
+            return "no batch delivered yet: nothing to judge"
+        waiting = self.wait / self.seconds
+        if waiting < _TRAINER_BOUND:
+            return (
+                f"training bounds the run: the trainer waited for batches {_pct(waiting)} of the time, so faster "
+                "collection (more envs or workers) would gain at most that; make the update faster"
+            )
+        busy = {key: getattr(self, key) for key in _SHARE_KEYS}
+        collecting = sum(busy.values())
+        if collecting <= 0:
+            return f"the trainer waited {_pct(waiting)} of the time, with no collection accounted"
+        top = max(busy, key=lambda key: busy[key])
+        found = (
+            f"collection bounds the run (the trainer waited {_pct(waiting)} of the time; {_PHASES[top]} took "
+            f"{_pct(busy[top] / collecting)} of the collection's busy time)"
+        )
+        more, note = self._workers_lever()
+        levers = [lever for lever in (more, *self._phase_levers(top)) if lever]
+        if not levers:
+            return f"{found}: none of the collector's settings is to blame; please report it with this line"
+        return f"{found}: try " + "; or ".join(levers) + (f" ({note})" if note else "")
+
+    def _workers_lever(self) -> tuple[str | None, str | None]:
+        """More worker processes (or Ray actors) where the cores allow (every phase of the loop runs in each); else
+        why not."""
+        s = self.setting
+        training = self.training / self.seconds
+        # The trainer keeps a core busy when it trains much of the time; otherwise the workers may take them all.
+        usable = min(s.num_envs, s.cores if training < 0.25 else s.cores - 1)
+        workers = s.num_workers if s.backend in ("process", "ray") else 0
+        if usable <= workers or s.cores < 2:
+            note = f"not more workers: {workers} already use the {s.cores} cores this process may run on"
+            return None, note if workers else None
+        if s.live_envs:
+            lever = (
+                "a function make_envs(num_envs) instead of the live vector env, to collect in worker processes "
+                f"(backend=torch_rollout.Processes(num_workers={usable}); {s.cores} cores here)"
+            )
+        elif s.backend == "ray":
+            lever = f"more Ray actors: backend=torch_rollout.Ray(num_workers={usable}) ({s.cores} cores here)"
+        else:
+            lever = f"backend=torch_rollout.Processes(num_workers={usable}) ({s.cores} cores here)"
+        return lever, None
+
+    def _phase_levers(self, top: str) -> list[str]:
+        s = self.setting
+        if top == "env":
+            levers = ["a faster env (a vectorized implementation, fewer wrappers)"]
+            if s.live_envs and s.device != "cpu" and s.backend == "thread" and s.prefetch == 0:
+                levers.insert(0, "prefetch=1, to step a GPU simulator beside training")
+            return levers
+        if top == "policy":
+            levers = ["compile_policy=True (torch.compile)"]
+            if s.device == "cpu" and s.gpus:
+                levers.append("device='cuda' for a large network")
+            return levers
+        levers = []
+        if s.num_steps <= 4:
+            levers.append(f"more steps per batch (num_steps={s.num_steps}: each batch's fixed work is spread thin)")
+        if s.check_finite:
+            levers.append("check_finite=False")
+        if s.info_keys:
+            levers.append(f"fewer info keys (BatchKeys(info_keys=...) records {s.info_keys})")
+        return levers
+
+    def __str__(self) -> str:
+        shares = self.shares()
+        loops = ", ".join(f"{key} {_pct(value)}" for key, value in shares.items())
+        waiting = self.wait / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"{self.fps:,.0f} frames/s over {self.seconds:.1f} s | collection: {loops} | trainer waits "
+            f"{_pct(waiting)} | {self.verdict()}"
+        )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+class StatsClock:
+    """The Collector's side of the account: the trainer's waits and work in ``next()``, and the baseline of a reset."""
+
+    def __init__(self) -> None:
+        self.wait = 0.0  # in the placement's wait()
+        self.work = 0.0  # the collector's work in the trainer's thread: weight refresh, GAE
+        self.delivered = 0  # batches delivered
+        self.start = perf_counter()
+        self.baseline: tuple[float, float, int, list[tuple[float, float, float, float, int, int]]] = (0.0, 0.0, 0, [])
+
+    def reset(self, workers: list[tuple[float, float, float, float, int, int]]) -> None:
+        self.start = perf_counter()
+        self.baseline = (self.wait, self.work, self.delivered, workers)
+
+    def stats(
+        self, workers: list[tuple[float, float, float, float, int, int]], *, frames_per_batch: int, setting: Setting
+    ) -> Stats:
+        wait0, work0, delivered0, base = self.baseline
+        per_worker = []
+        for k, totals in enumerate(workers):
+            before = base[k] if k < len(base) else None
+            if before is not None and totals[4] < before[4]:  # a restarted worker (Ray): its account began anew
+                before = None
+            delta = totals if before is None else tuple(a - b for a, b in zip(totals, before))
+            per_worker.append(
+                WorkerStats(
+                    env=delta[0], policy=delta[1], collector=max(0.0, delta[2]), idle=delta[3], frames=int(delta[5])
+                )
+            )
+        batches = self.delivered - delivered0
+        return Stats(
+            seconds=perf_counter() - self.start,
+            frames=batches * frames_per_batch,
+            batches=batches,
+            env=sum(w.env for w in per_worker),
+            policy=sum(w.policy for w in per_worker),
+            collector=sum(w.collector for w in per_worker) + (self.work - work0),
+            idle=sum(w.idle for w in per_worker),
+            wait=self.wait - wait0,
+            workers=tuple(per_worker),
+            setting=setting,
+        )
