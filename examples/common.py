@@ -39,7 +39,7 @@ import yaml
 from tensordict import TensorDict
 from tqdm import tqdm
 
-from torch_rollout import Collector, Processes, Ray
+from torch_rollout import Collector, Processes, Ray, Stats
 
 __all__ = [
     "ConfigError",
@@ -637,6 +637,39 @@ def load_resume(
     return cfg, state
 
 
+# The collector's account of each log interval (collector.stats(), docs/bottleneck.md): the collection loops' shares
+# of their time and the share of the trainer's time spent waiting for batches.
+STATS_FIELDS = ["time/env_share", "time/policy_share", "time/collector_share", "time/idle_share", "time/wait_share"]
+
+
+def stats_row(stats: Stats) -> dict[str, float]:
+    """The STATS_FIELDS of one interval's account."""
+    shares = stats.shares()
+    wait = stats.wait / stats.seconds if stats.seconds > 0 else 0.0
+    return {**{f"time/{key}_share": value for key, value in shares.items()}, "time/wait_share": wait}
+
+
+class Intervals:
+    """The collector's account per log interval: each `take()` returns the Stats since the last one."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector, self.last = collector, None
+
+    def take(self) -> Stats:
+        stats = self.collector.stats()  # since the collector was built; the interval's is the difference
+        interval = stats if self.last is None else stats - self.last
+        self.last = stats
+        return interval
+
+
+def shares_text(stats: Stats) -> str:
+    """The shares, short enough for a progress bar: `env 41% pol 33% col 9% idle 17% wait 62%`."""
+    shares = stats.shares()
+    wait = stats.wait / stats.seconds if stats.seconds > 0 else 0.0
+    names = {"env": "env", "policy": "pol", "collector": "col", "idle": "idle"}
+    return " ".join(f"{names[key]} {100 * value:.0f}%" for key, value in shares.items()) + f" wait {100 * wait:.0f}%"
+
+
 def print_collector(collector: Collector) -> None:
     """The run's first line: where the collector runs (what backend=auto chose), how far ahead, on which device.
 
@@ -678,6 +711,41 @@ def plot_learning_curve(run_dir: Path, *, title: str, window: int) -> None:
     fig.tight_layout()
     fig.savefig(run_dir / "learning_curve.png", dpi=100)
     plt.close(fig)
+
+
+def plot_shares(run_dir: Path, *, title: str) -> None:
+    """time_shares.png from progress.csv: the collection loops' shares of their time and the trainer's wait, per row.
+
+    Stacked: env steps, the policy's forward, the collector's own work and idle (waiting for the trainer) sum to
+    the loops' time; the line is the share of the trainer's time spent waiting for batches in next().
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("time/env_share")]
+    if not rows:
+        return
+    steps = [int(float(r["step"])) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = {"env": "env steps", "policy": "policy forward", "collector": "collector's work", "idle": "idle"}
+    shares = [[100 * float(r[f"time/{key}_share"]) for r in rows] for key in names]
+    ax.stackplot(steps, shares, labels=list(names.values()), alpha=0.8)
+    wait = [100 * float(r["time/wait_share"]) for r in rows]
+    ax.plot(steps, wait, color="black", label="trainer waiting in next()")
+    ax.set(xlabel="env steps", ylabel="% of the time", ylim=(0, 100), title=title)
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(run_dir / "time_shares.png", dpi=100)
+    plt.close(fig)
+
+
+def report_stats(collector: Collector, run_dir: Path, *, title: str) -> None:
+    """After the run: the collector's account of the whole run (what bounded it), and time_shares.png."""
+    print(f"collector over the run: {collector.stats()}")
+    plot_shares(run_dir, title=f"where the time goes: {title}")
 
 
 def to_sequences(batch: TensorDict, length: int) -> TensorDict:
@@ -735,6 +803,7 @@ class Run:
         self.recent = RecentReturns(cfg.return_window, () if resume is None else self.own["recent_returns"], episodes)
         self.wait_s = 0.0
         self.logger: Logger | None = None
+        self.shares = ""  # its shares over the last interval, for the progress bar
 
     def track(
         self, agent: nn.Module, optimizer: torch.optim.Optimizer, shuffle_gen: torch.Generator, envs: Any
@@ -758,7 +827,7 @@ class Run:
 
         Rank 0 first prints where the collector runs (`print_collector`).
         """
-        self.collector = collector
+        self.collector, self.intervals = collector, Intervals(collector)
         if self.is_main:
             print_collector(collector)  # which placement backend=auto chose
         if self.resume is not None:
@@ -771,7 +840,7 @@ class Run:
             self.wait_s = time.perf_counter() - waited_from
             yield self.iteration, batch
             self.progress.update(self.batch_steps)
-            self.progress.set_postfix(mean_return=f"{self.recent.mean:.1f}", refresh=False)
+            self.progress.set_postfix_str(f"mean_return={self.recent.mean:.1f} {self.shares}", refresh=False)
             waited_from = time.perf_counter()
             if self.cfg.checkpoint_every and self.iteration % self.cfg.checkpoint_every == 0:
                 self.save_checkpoint()
@@ -796,6 +865,8 @@ class Run:
         """Rank 0 logs `row` with this iteration's step, wall time, mean return, episodes, SPS and wait."""
         if self.logger is None:
             return
+        interval = self.intervals.take()
+        self.shares = shares_text(interval)
         step, elapsed = self.iteration * self.batch_steps, time.perf_counter() - self.start
         row = {
             "step": step,
@@ -804,6 +875,7 @@ class Run:
             "charts/episodes": self.recent.episodes,
             "charts/SPS": (step - self.done_iterations * self.batch_steps) / elapsed,
             "time/wait_s": self.wait_s,
+            **stats_row(interval),
             **row,
         }
         self.logger.log(row)
@@ -847,6 +919,7 @@ class Run:
             return self.recent.mean
         self.logger.close()
         plot_learning_curve(self.dir, title=title, window=self.cfg.return_window)
+        report_stats(self.collector, self.dir, title=title)
         if evaluate is not None:
             evaluate(self.checkpoint_path, ["eval_episodes=1"])
         print(f"run folder: {self.dir} ({time.perf_counter() - self.start:.1f} s)")

@@ -216,7 +216,7 @@ def make_agent(obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: C
 # ---------------------------------------------------------------------------- training
 LOG_FIELDS = ["step", "wall_time", "charts/mean_return", "charts/episodes", "charts/SPS", "charts/learning_rate"]
 LOG_FIELDS += ["charts/policy_lag", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"]
-LOG_FIELDS += ["losses/clip_frac", "losses/explained_variance", "time/wait_s", "time/update_s"]
+LOG_FIELDS += ["losses/clip_frac", "losses/explained_variance", "time/wait_s", "time/update_s", *common.STATS_FIELDS]
 
 
 def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:

@@ -197,6 +197,7 @@ LOG_FIELDS = [
     "losses/alpha",
     "time/wait_s",
     "time/update_s",
+    *common.STATS_FIELDS,
 ]
 
 
@@ -296,6 +297,7 @@ def train(cfg: Config) -> float:
         keys=BatchKeys(next_obs=True),
     )
     common.print_collector(collector)
+    intervals = common.Intervals(collector)
     waited_from = time.perf_counter()
     with collector, common.Logger(run_dir, LOG_FIELDS) as logger:
         for batch in collector:  # [T, N], collected while the previous batch trained
@@ -317,6 +319,7 @@ def train(cfg: Config) -> float:
             if global_step >= next_log or global_step >= cfg.total_timesteps:
                 next_log += cfg.log_every
                 ended.flush()
+                interval = intervals.take()  # the collector's account of the interval (docs/bottleneck.md)
                 row = {
                     "step": global_step,
                     "wall_time": time.perf_counter() - start,
@@ -328,10 +331,13 @@ def train(cfg: Config) -> float:
                     "time/wait_s": wait_s,
                     "time/update_s": update_s,
                     **{key: float(value) for key, value in sac.stats.items()},
+                    **common.stats_row(interval),
                 }
                 logger.log(row)
-                print(f"step {global_step:>8}  mean return {recent.mean:8.1f}  SPS {row['charts/SPS']:6.0f}")
+                shares = common.shares_text(interval)
+                print(f"step {global_step:>8}  mean return {recent.mean:8.1f}  SPS {row['charts/SPS']:6.0f}  {shares}")
             waited_from = time.perf_counter()
+    common.report_stats(collector, run_dir, title=f"SAC on {cfg.env_id}, seed {cfg.seed}")  # its line and plot
     print(f"run folder: {run_dir} ({time.perf_counter() - start:.1f} s)")
     print(f"final mean return (last {len(recent.returns)} episodes): {recent.mean:.1f}")
     if cfg.target_return is not None:

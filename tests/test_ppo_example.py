@@ -204,6 +204,13 @@ def test_smoke_cartpole_train_then_eval(tmp_path, run_script):
     for key in ("charts/mean_return", "charts/policy_lag", "losses/approx_kl", "losses/explained_variance"):
         assert key in rows[0]
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the collector's account of each interval (docs/bottleneck.md): the loops' shares sum to 1; the whole run's line
+    for row in rows:
+        shares = [float(row[f"time/{key}_share"]) for key in ("env", "policy", "collector", "idle")]
+        assert all(0 <= share <= 1 for share in shares) and sum(shares) == pytest.approx(1)
+        assert 0 <= float(row["time/wait_share"]) <= 1
+    assert re.search(r"collector over the run: [\d,]+ frames/s over .* \| collection: env \d+%", out)
+    assert (run_dir / "time_shares.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard only with track_tensorboard=true
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["config"]["env_id"] == "CartPole-v1" and checkpoint["obs_rms"] is None

@@ -207,6 +207,10 @@ def test_a_short_run_logs_finite_losses(tmp_path, backend):
     assert 0 < last["losses/alpha"] < 0.2  # autotuned down from 0.2 as the entropy is above its target
     assert last["charts/policy_lag"] == 1  # prefetch=1: acting one refresh behind
     assert (tmp_path / "config.yaml").exists()
+    # the collector's account of each interval and of the run (docs/bottleneck.md)
+    assert all(0 <= row["time/env_share"] <= 1 and 0 <= row["time/wait_share"] <= 1 for row in rows)
+    assert re.search(r"step +800 .* env \d+% pol \d+% col \d+% idle \d+% wait \d+%", out)
+    assert "collector over the run: " in out and (tmp_path / "time_shares.png").exists()
 
 
 def test_the_torch_config_fills_the_buffer_from_every_batch_and_improves(sac, tmp_path, monkeypatch):

@@ -215,6 +215,44 @@ class Stats:
             levers.append(f"fewer info keys (BatchKeys(info_keys=...) records {s.info_keys})")
         return levers
 
+    def __sub__(self, earlier: Stats) -> Stats:
+        """The account between ``earlier`` (a ``stats()`` of the same collector, taken before) and this one.
+
+        For a log row per interval while ``collector.stats()`` keeps counting the whole run.
+        """
+        if not isinstance(earlier, Stats):
+            return NotImplemented
+        if earlier.setting != self.setting or earlier.seconds > self.seconds:
+            raise ValueError(
+                "Stats: later - earlier needs an earlier stats() of the same collector, with no reset between; got "
+                f"one over {earlier.seconds:.3f} s subtracted from one over {self.seconds:.3f} s"
+                + ("" if earlier.setting == self.setting else ", of another collector's settings")
+            )
+        workers = tuple(
+            WorkerStats(
+                env=w.env - e.env,
+                policy=w.policy - e.policy,
+                collector=w.collector - e.collector,
+                idle=w.idle - e.idle,
+                frames=w.frames - e.frames,
+            )
+            if w.frames >= e.frames
+            else w  # a restarted Ray actor: its account began anew after the earlier one
+            for w, e in zip(self.workers, earlier.workers)
+        )
+        return Stats(
+            seconds=self.seconds - earlier.seconds,
+            frames=self.frames - earlier.frames,
+            batches=self.batches - earlier.batches,
+            env=sum(w.env for w in workers),
+            policy=sum(w.policy for w in workers),
+            collector=sum(w.collector for w in workers) + self._trainer_work - earlier._trainer_work,
+            idle=sum(w.idle for w in workers),
+            wait=self.wait - earlier.wait,
+            workers=workers,
+            setting=self.setting,
+        )
+
     def __str__(self) -> str:
         shares = self.shares()
         loops = ", ".join(f"{key} {_pct(value)}" for key, value in shares.items())
