@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from gymnasium.vector import VectorWrapper
 from tensordict import TensorDict
@@ -13,13 +18,30 @@ from torch import Tensor, nn
 
 from torch_rollout import GAE, BatchKeys, Collector
 
-__all__ = ["LinearAgent", "Recorder", "Step", "as_same_step", "check_same_step_rows", "collect_lockstep", "gae_float64"]
+__all__ = [
+    "LinearAgent",
+    "Recorder",
+    "RecordingRecipe",
+    "Step",
+    "as_same_step",
+    "check_same_step_rows",
+    "collect_lockstep",
+    "gae_float64",
+    "load_records",
+]
 
 
 def _clone(x: Any) -> Any:
-    """A deep copy of tensors (cloned), dicts and lists of them; other values as deep copies."""
+    """A deep copy of tensors (cloned), dicts and lists of them, NumPy arrays as tensors; other values as deep
+    copies. An object array (a NumPy vector env's ``infos["final_obs"]``, None where an env did not end) becomes one
+    tensor, zeros where it held None."""
     if isinstance(x, Tensor):
         return x.clone()
+    if isinstance(x, np.ndarray):
+        if x.dtype != object:
+            return torch.as_tensor(x).clone()
+        present = [torch.as_tensor(entry) for entry in x if entry is not None]
+        return torch.stack([present[0].new_zeros(present[0].shape) if e is None else torch.as_tensor(e) for e in x])
     if isinstance(x, dict):
         return {key: _clone(value) for key, value in x.items()}
     if isinstance(x, (list, tuple)):
@@ -78,6 +100,40 @@ class Recorder(VectorWrapper):
             )
         )
         return obs, reward, terminated, truncated, infos
+
+
+class _SavingRecorder(Recorder):
+    """A Recorder that saves its record to ``path`` when the env is closed (in a worker process, at its end)."""
+
+    def __init__(self, env: Any, *, path: str) -> None:
+        super().__init__(env)
+        self.path = path
+
+    def close(self, **kwargs: Any) -> None:
+        super().close(**kwargs)
+        torch.save(self.record, f"{self.path}.part")
+        os.replace(f"{self.path}.part", self.path)  # whole or not there: the test polls for it
+
+
+@dataclass(frozen=True)
+class RecordingRecipe:
+    """A ``make_envs(num_envs, start_index)`` for worker processes: ``make(num_envs)``'s envs in a recorder that
+    saves what they returned to ``folder/<start_index>.pt`` when the worker closes them (``load_records``)."""
+
+    make: Callable[[int], Any]
+    folder: str
+
+    def __call__(self, num_envs: int, start_index: int = 0) -> Recorder:
+        return _SavingRecorder(self.make(num_envs), path=str(Path(self.folder) / f"{start_index}.pt"))
+
+
+def load_records(folder: str, starts: list[int], *, timeout: float = 30.0) -> list[Record]:
+    """The records of the workers whose first envs are ``starts``, once each worker has saved its own."""
+    paths = [Path(folder) / f"{start}.pt" for start in starts]
+    deadline = time.monotonic() + timeout
+    while not all(path.exists() for path in paths) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [torch.load(path, weights_only=False) for path in paths]
 
 
 def collect_lockstep(

@@ -1,4 +1,6 @@
-"""ManiSkill3's PushCube-v1 on PhysX CPU through its ManiSkillVectorEnv: rows against what it returned."""
+"""ManiSkill3's PushCube-v1 on PhysX CPU, as the collector takes it: one env through ManiSkillVectorEnv (torch
+tensors), several in gymnasium's SyncVectorEnv of CPUGymWrapper envs (NumPy), on the thread and in worker processes
+that build them; rows against what it returned."""
 
 from __future__ import annotations
 
@@ -6,9 +8,14 @@ import gymnasium as gym
 import mani_skill.envs  # noqa: F401  (registers the tasks)
 import pytest
 import torch
+from gymnasium.vector import AutoresetMode
+from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
+from torch_rollout import GAE, BatchKeys, Collector, Processes
+from torch_rollout._envs import split_envs
+
+from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
 
 NUM_STEPS, BATCHES = 32, 3
 # Short episodes, so that a few batches hold several time-outs (and their final observations)
@@ -16,9 +23,8 @@ MAX_EPISODE_STEPS = 20
 GAMMA, LAMBDA = 0.99, 0.95
 
 
-@pytest.fixture(scope="module")
-def collected():
-    env = gym.make(
+def push_cube(**kwargs):
+    return gym.make(
         "PushCube-v1",
         obs_mode="state",
         num_envs=1,  # PhysX CPU steps one env per scene
@@ -26,8 +32,21 @@ def collected():
         render_mode=None,
         render_backend="none",
         max_episode_steps=MAX_EPISODE_STEPS,
+        **kwargs,
     )
-    envs = Recorder(ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False))
+
+
+def cpu_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
+    """``num_envs`` PushCube-v1 envs, each on PhysX CPU in a scene of its own, as ManiSkill's CPU wrapper gives
+    them (NumPy arrays), in gymnasium's SyncVectorEnv resetting within the step (``infos["final_obs"]``)."""
+    return gym.vector.SyncVectorEnv(
+        [lambda: CPUGymWrapper(push_cube()) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+
+
+@pytest.fixture(scope="module")
+def collected():
+    envs = Recorder(ManiSkillVectorEnv(push_cube(), auto_reset=True, ignore_terminations=False))
     agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
     batches = collect_lockstep(
         envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA, seed=0
@@ -67,3 +86,43 @@ def test_episode_totals(collected):
             done = batch["done"][t]
             length, total = torch.where(done, 0, length), torch.where(done, 0.0, total)
     assert int(length.max()) < MAX_EPISODE_STEPS
+
+
+SYNC_ENVS = 2
+
+
+def test_sync_vector_env_of_cpu_envs_on_the_thread():
+    envs = Recorder(cpu_envs(SYNC_ENVS))
+    agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
+    batches = collect_lockstep(envs, agent, num_steps=NUM_STEPS, batches=2, gamma=GAMMA, gae_lambda=LAMBDA, seed=0)
+    envs.close()
+    assert sum(int(batch["truncated"].sum()) for batch in batches) >= SYNC_ENVS, "too few time-outs to check"
+    check_same_step_rows(batches, envs.record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_processes_that_build_the_envs(workers, tmp_path):
+    """Each worker builds its share of the envs from a recipe and records what they returned; every row of the
+    trainer's batches is checked against the record of the worker that stepped it."""
+    shapes = cpu_envs(1)
+    agent = LinearAgent(shapes.single_observation_space.shape[0], shapes.single_action_space.shape[0])
+    shapes.close()
+    with Collector(
+        RecordingRecipe(cpu_envs, str(tmp_path)),
+        agent,
+        num_envs=SYNC_ENVS,
+        num_steps=NUM_STEPS,
+        total_timesteps=SYNC_ENVS * NUM_STEPS * 2,
+        device="cpu",
+        backend=Processes(workers),
+        seed=0,
+        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        batches = list(collector)
+    shares = split_envs(SYNC_ENVS, workers)
+    records = load_records(str(tmp_path), [start for start, _ in shares])
+    assert sum(int(batch["truncated"].sum()) for batch in batches) >= SYNC_ENVS, "too few time-outs to check"
+    for (start, count), record in zip(shares, records, strict=True):
+        own = [batch[:, start : start + count] for batch in batches]
+        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)

@@ -17,9 +17,19 @@ from brax.envs.wrappers.training import EpisodeWrapper
 from gymnasium.vector import AutoresetMode
 from mujoco_playground import registry
 
+from torch_rollout import GAE, BatchKeys, Collector, Processes
+from torch_rollout._envs import split_envs
 from torch_rollout.envs import FromJax
 
-from _common import LinearAgent, Recorder, as_same_step, check_same_step_rows, collect_lockstep
+from _common import (
+    LinearAgent,
+    Recorder,
+    RecordingRecipe,
+    as_same_step,
+    check_same_step_rows,
+    collect_lockstep,
+    load_records,
+)
 
 NUM_ENVS, STEPS = 16, 5
 # The collector's runs: few envs (each new shape compiles for seconds) and a time limit short enough that several
@@ -186,3 +196,34 @@ def test_time_limits():
     assert FromJax(make(), 2).max_episode_steps == limit
     with pytest.raises(ValueError, match="keeps its own time limit"):
         FromJax(make(), 2, max_episode_steps=limit)
+
+
+def pendulum_envs(num_envs: int) -> FromJax:
+    """Brax's inverted pendulum through FromJax, SAME_STEP, for worker processes (a module-level recipe)."""
+    return FromJax(brax_envs.get_environment("inverted_pendulum"), num_envs, max_episode_steps=PENDULUM_LIMIT)
+
+
+def test_worker_processes_that_build_the_jax_envs(tmp_path):
+    """Each worker process imports JAX, jits its share of the envs and records what they returned; every row of
+    the trainer's batches is checked against the record of the worker that stepped it."""
+    space = pendulum_envs(1)
+    agent = LinearAgent(space.single_observation_space.shape[0], space.single_action_space.shape[0])
+    with Collector(
+        RecordingRecipe(pendulum_envs, str(tmp_path)),
+        agent,
+        num_envs=ENVS,
+        num_steps=NUM_STEPS,
+        total_timesteps=ENVS * NUM_STEPS * BATCHES,
+        device="cpu",
+        backend=Processes(2),  # each compiles its own jitted steps: tens of seconds
+        seed=0,
+        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        batches = list(collector)
+    shares = split_envs(ENVS, 2)
+    records = load_records(str(tmp_path), [start for start, _ in shares])
+    assert sum(int(batch["done"].sum()) for batch in batches) >= ENVS, "too few episode ends to check"
+    for (start, count), record in zip(shares, records, strict=True):
+        own = [batch[:, start : start + count] for batch in batches]
+        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)
