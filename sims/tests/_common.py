@@ -146,9 +146,10 @@ def collect_lockstep(
     gae_lambda: float,
     seed: int | None = None,
     info_keys: tuple[str, ...] = (),
+    prefetch: int = 0,
 ) -> list[TensorDict]:
-    """``batches`` batches of ``envs`` on the thread in lockstep (``prefetch=0``): the recorder's steps are the
-    batches' rows, in order."""
+    """``batches`` batches of ``envs`` on the thread, in lockstep (``prefetch=0``) unless ``prefetch`` is given: the
+    recorder's steps are the batches' rows, in order (and, collected ahead, those of the batches after them)."""
     with Collector(
         envs,
         agent,
@@ -156,7 +157,7 @@ def collect_lockstep(
         total_timesteps=envs.num_envs * num_steps * batches,
         device="cpu",
         backend="thread",
-        prefetch=0,
+        prefetch=prefetch,
         seed=seed,
         gae=GAE(gamma=gamma, gae_lambda=gae_lambda),
         keys=BatchKeys(next_obs=True, info_keys=info_keys),

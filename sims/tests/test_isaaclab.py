@@ -4,6 +4,7 @@ RslRlVecEnvWrapper and torch_rollout's FromRslRl: rows against what they returne
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import gymnasium as gym
@@ -13,10 +14,11 @@ import pytest
 from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
 from isaaclab_tasks.utils import resolve_task_config
 
-from torch_rollout import Collector
+from torch_rollout import GAE, BatchKeys, Collector, Processes
+from torch_rollout._envs import split_envs
 from torch_rollout.envs import FromIsaacLab, FromRslRl
 
-from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
+from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
 
 NUM_ENVS, NUM_STEPS = 4, 16
 GAMMA, LAMBDA = 0.99, 0.95
@@ -44,18 +46,23 @@ def cartpole_usd(folder: pathlib.Path) -> str:
 TASKS = {"direct": "Isaac-Cartpole-Direct", "manager": "Isaac-Cartpole"}
 
 
-@pytest.fixture(scope="module", params=list(TASKS))
-def isaac_env(request, tmp_path_factory):
-    task = TASKS[request.param]
+def make_isaac_env(kind: str, num_envs: int, usd: str):
+    """Isaac Lab's own env of ``TASKS[kind]`` on Newton/MuJoCo-Warp on Warp's CPU, with final observations."""
+    task = TASKS[kind]
     cfg, _ = resolve_task_config(task, "", overrides=("physics=newton_mjwarp",))
     cfg.sim.device = "cpu"
-    cfg.scene.num_envs = NUM_ENVS
+    cfg.scene.num_envs = num_envs
     cfg.compute_final_obs = True
     cfg.seed = 0
-    scene = cfg.scene.cartpole if request.param == "direct" else cfg.scene.robot
-    scene.spawn.usd_path = cartpole_usd(tmp_path_factory.mktemp("usd"))
+    scene = cfg.scene.cartpole if kind == "direct" else cfg.scene.robot
+    scene.spawn.usd_path = usd
     cfg.scene.ground = None
-    env = gym.make(task, cfg=cfg)
+    return gym.make(task, cfg=cfg)
+
+
+@pytest.fixture(scope="module", params=list(TASKS))
+def isaac_env(request, tmp_path_factory):
+    env = make_isaac_env(request.param, NUM_ENVS, cartpole_usd(tmp_path_factory.mktemp("usd")))
     yield env
     env.close()
 
@@ -80,8 +87,9 @@ THROUGH = {
 }
 
 
-def collect(env, batches: int, through: str):
-    """Collects ``batches`` in lockstep, recording the vector env's steps and Isaac Lab's own flags after each."""
+def collect(env, batches: int, through: str, prefetch: int = 0):
+    """Collects ``batches`` (in lockstep, or ``prefetch`` ahead on the collector's thread), recording the vector
+    env's steps and Isaac Lab's own flags after each."""
     unwrapped = env.unwrapped
     envs = Recorder(
         THROUGH[through](env),
@@ -90,7 +98,14 @@ def collect(env, batches: int, through: str):
     agent = LinearAgent(4, 1, group="policy")
     info_keys = ("bootstrap",) if through == "rsl_rl" else ()
     got = collect_lockstep(
-        envs, agent, num_steps=NUM_STEPS, batches=batches, gamma=GAMMA, gae_lambda=LAMBDA, info_keys=info_keys
+        envs,
+        agent,
+        num_steps=NUM_STEPS,
+        batches=batches,
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+        info_keys=info_keys,
+        prefetch=prefetch,
     )
     return got, envs.record, agent
 
@@ -126,10 +141,11 @@ def test_isaac_lab_env_without_compute_final_obs_names_it(isaac_env):
 
 
 @pytest.mark.parametrize("through", list(THROUGH))
-def test_time_outs_bootstrap_from_final_obs(isaac_env, through):
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_time_outs_bootstrap_from_final_obs(isaac_env, through, prefetch):
     # Episodes of 6 steps that never fail (the cart's bound out of reach): every episode end is a time-out
     set_episodes(isaac_env, steps=6, cart_bound=1e3)
-    batches, record, agent = collect(isaac_env, batches=2, through=through)
+    batches, record, agent = collect(isaac_env, batches=2, through=through, prefetch=prefetch)
     assert sum(int(batch["truncated"].sum()) for batch in batches) >= NUM_ENVS * 4
     check_same_step_rows(
         batches, record, agent, final_key="final_obs", flags_of=isaac_flags, gamma=GAMMA, gae_lambda=LAMBDA
@@ -152,3 +168,36 @@ def test_steps_that_terminate_at_the_time_limit_do_not_bootstrap(isaac_env, thro
     assert not bool(batches[0]["truncated"][batches[0]["terminated"]].any())  # both set: a termination only
     if through == "rsl_rl":
         assert not bool(batches[0]["info", "bootstrap"].any())
+
+
+def isaac_envs(num_envs: int, *, kind: str, usd: str) -> FromIsaacLab:
+    """A worker's share of the envs (a module-level recipe, for worker processes): episodes of 6 steps that never
+    fail, every episode end a time-out."""
+    env = make_isaac_env(kind, num_envs, usd)
+    set_episodes(env, steps=6, cart_bound=1e3)
+    return FromIsaacLab(env)
+
+
+def test_worker_processes_that_build_isaac_lab_envs(tmp_path):
+    """Two worker processes each build an Isaac Lab env of their share from a recipe and record what it returned;
+    every row of the trainer's batches is checked against the record of the worker that stepped it."""
+    agent = LinearAgent(4, 1, group="policy")
+    recipe = functools.partial(isaac_envs, kind="direct", usd=cartpole_usd(tmp_path))
+    with Collector(
+        RecordingRecipe(recipe, str(tmp_path)),
+        agent,
+        num_envs=NUM_ENVS,
+        num_steps=NUM_STEPS,
+        total_timesteps=NUM_ENVS * NUM_STEPS * 2,
+        device="cpu",
+        backend=Processes(2),
+        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        batches = list(collector)
+    shares = split_envs(NUM_ENVS, 2)
+    records = load_records(str(tmp_path), [start for start, _ in shares])
+    assert sum(int(batch["truncated"].sum()) for batch in batches) >= NUM_ENVS * 4
+    for (start, count), record in zip(shares, records, strict=True):
+        own = [batch[:, start : start + count] for batch in batches]
+        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)
