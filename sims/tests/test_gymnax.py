@@ -9,7 +9,10 @@ from gymnasium.vector import AutoresetMode, VectorWrapper
 from gymnasium.wrappers.vector import JaxToTorch
 from gymnax.wrappers.gym import GymnaxToVectorGymWrapper
 
-from _common import LinearAgent, Recorder, check_same_step_rows, collect_lockstep
+from torch_rollout import GAE, BatchKeys, Collector, Processes
+from torch_rollout._envs import split_envs
+
+from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
 
 NUM_ENVS, NUM_STEPS, BATCHES = 8, 64, 3
 GAMMA, LAMBDA = 0.99, 0.95
@@ -63,3 +66,33 @@ def test_episode_totals(declared):
             torch.testing.assert_close(batch["episode_return"][t], total)
             done = batch["done"][t]
             length, total = torch.where(done, 0, length), torch.where(done, 0.0, total)
+
+
+def gymnax_envs(num_envs: int) -> SameStep:
+    """gymnax's CartPole-v1 as torch tensors, for worker processes (a module-level recipe)."""
+    env, params = gymnax.make("CartPole-v1")
+    return SameStep(JaxToTorch(GymnaxToVectorGymWrapper(env, num_envs=num_envs, params=params, seed=3), device="cpu"))
+
+
+def test_worker_processes_that_build_the_envs(tmp_path):
+    """Each of two worker processes builds its share (JAX in it), recording what it returned; every row of the
+    trainer's batches is checked against the record of the worker that stepped it."""
+    agent = LinearAgent(4, 2, discrete=True)
+    with Collector(
+        RecordingRecipe(gymnax_envs, str(tmp_path)),
+        agent,
+        num_envs=NUM_ENVS,
+        num_steps=NUM_STEPS,
+        total_timesteps=NUM_ENVS * NUM_STEPS * BATCHES,
+        device="cpu",
+        backend=Processes(2),
+        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        batches = list(collector)
+    assert sum(int(batch["done"].sum()) for batch in batches) > NUM_ENVS, "too few episode ends to check"
+    shares = split_envs(NUM_ENVS, 2)
+    records = load_records(str(tmp_path), [start for start, _ in shares])
+    for (start, count), record in zip(shares, records, strict=True):
+        own = [batch[:, start : start + count] for batch in batches]
+        check_same_step_rows(own, record, agent, final_key="final_observation", gamma=GAMMA, gae_lambda=LAMBDA)
