@@ -24,6 +24,7 @@ from torch_rollout import BatchKeys, Collector
 from torch_rollout.envs import CartPole
 
 from counting_env import CountingEnv, CountingPolicy, value_fn
+from placements import LOCAL_PLACEMENTS
 from rowwise import RowwiseLinear
 
 T, N = 5, 3
@@ -228,3 +229,22 @@ def test_an_undeclared_torch_env_whose_final_observations_come_after_an_episode_
     )
     with pytest.warns(UserWarning, match=re.escape(WARNING)), pytest.raises(ValueError, match=re.escape(message)):
         collect(envs, Linear())
+
+
+def undeclared_counting_envs(num_envs: int) -> Undeclared:
+    """A recipe (for worker processes too): counting envs that reset within the step and do not say so."""
+    return Undeclared(counting_envs(num_envs, AutoresetMode.SAME_STEP))
+
+
+@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)
+def test_collector_autoreset_mode_is_the_mode_read(placement):
+    """Before any step the collector reports gymnasium's default; once the steps show SAME_STEP, it reports that."""
+    options = dict(num_envs=N, num_steps=T, total_timesteps=BATCHES * T * N, seed=0, device="cpu", **placement)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the warning of the mode read (in workers: on their stderr)
+        with Collector(undeclared_counting_envs, CountingPolicy(deterministic=True), **options) as collector:
+            assert collector.autoreset_mode is AutoresetMode.NEXT_STEP
+            batches = list(collector)
+            assert any(bool(batch["done"].any()) for batch in batches)
+            assert collector.autoreset_mode is AutoresetMode.SAME_STEP
+    assert collector.autoreset_mode is AutoresetMode.SAME_STEP  # also once closed

@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
@@ -110,7 +111,6 @@ class RolloutLoop:
         self.device = device
         self.storage_device = device if storage_device is None else storage_device
         self.seed = seed
-        self.autoreset_mode = driver.autoreset_mode
         self.check_finite = spec.check_finite
         self.stop = stop
         self.env_offset = env_offset
@@ -151,6 +151,11 @@ class RolloutLoop:
         driver.check_seed(seed)
 
     @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The envs' autoreset mode as the driver reads it now: an undeclared env's once its steps have shown it."""
+        return self._released_mode if self.driver is None else self.driver.autoreset_mode
+
+    @property
     def call(self) -> str:
         """The env or policy call the loop is in or made last, for a stuck thread's report."""
         return "the policy's forward()" if self.acting.in_policy else self.driver.call
@@ -171,6 +176,7 @@ class RolloutLoop:
         The driver reports NaNs through the loop: without this, the envs would wait in that cycle for the garbage
         collector, which may run in a child process forked meanwhile, where freeing an EnvPool crashes it.
         """
+        self._released_mode = self.driver.autoreset_mode
         # None, typed as in use: nothing calls a released loop.
         self.driver = self.envs = self.infos = self.acting = self.ring = cast(Any, None)
         self.buffers = deque()

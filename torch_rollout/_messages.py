@@ -52,6 +52,7 @@ class Batch:
     data: Any
     slots: list[Any] | None = None
     account: tuple[float, float, float, float, int, int] | None = None  # the worker loop's Account.totals()
+    autoreset_mode: str | None = None  # as the worker's loop reads its envs now (an undeclared env's, once shown)
 
 
 @dataclass(frozen=True, slots=True)

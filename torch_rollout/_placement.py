@@ -44,8 +44,10 @@ class Placement(Protocol):
     ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
     """Results that :meth:`wait` received, oldest first: ``(batch, None)`` or ``(None, error)``; the consumer
     takes them without a call."""
-    autoreset_mode: AutoresetMode
-    """The envs' autoreset mode (the workers' envs' where they build them)."""
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The envs' autoreset mode (the workers' envs' where they build them), as read now."""
 
     @property
     def envs(self) -> VectorEnv | None:

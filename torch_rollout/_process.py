@@ -463,12 +463,12 @@ def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup
         i = produced % setup.num_slots
         if slots:
             loop.collect(slots[i])
-            conn.send(Batch(i, account=loop.account.totals()))
+            conn.send(Batch(i, account=loop.account.totals(), autoreset_mode=loop.autoreset_mode.value))
         else:
             # The first batch tells the policy's outputs: allocate every slot like it, once. Their
             # file descriptors are served by this process until the trainer has mapped them.
             slots = _shared_slots(loop.collect(), setup.num_slots, setup.index)
-            conn.send(Batch(i, slots, loop.account.totals()))
+            conn.send(Batch(i, slots, loop.account.totals(), loop.autoreset_mode.value))
             credits = _await_mapped(conn)
             if credits is None:
                 return

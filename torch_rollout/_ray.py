@@ -463,7 +463,7 @@ class _RayWorker:
             return STOP
         except BaseException as exc:
             return self._error(exc)
-        return Batch(arrays, account=self.loop.account.totals())
+        return Batch(arrays, account=self.loop.account.totals(), autoreset_mode=self.loop.autoreset_mode.value)
 
     def _load(self, weights: np.ndarray) -> None:
         if self.flat.device.type == "cpu":

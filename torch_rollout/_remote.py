@@ -100,6 +100,9 @@ class RemotePlacement:
             self._received[k] = self._unpack(k, message)
             if isinstance(message, Batch) and message.account is not None:
                 self._accounts[k] = message.account
+            if isinstance(message, Batch) and message.autoreset_mode is not None:
+                # an undeclared env's mode, once its steps showed it (every worker's envs are alike)
+                self.autoreset_mode = AutoresetMode(message.autoreset_mode)
 
     def _remote_error(self, k: int, exc: BaseException, text: str) -> BaseException:
         """The worker's exception, its traceback text chained as the cause and a note naming the worker."""

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from gymnasium.vector import VectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -81,13 +81,17 @@ class _LocalPlacement:
         self.stop = threading.Event()
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
         self.loop: RolloutLoop = make_loop(envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set)
-        self.autoreset_mode = self.loop.autoreset_mode
         # With compile_options, torch.compile'd calls (compiled at the loop's first call).
         self.act = acting_call(
             acting_policy, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
         )
         self.num_envs = envs.num_envs
         self.ready = collections.deque()
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The envs' autoreset mode as the loop reads it now (an undeclared env's, once its steps showed it)."""
+        return self.loop.autoreset_mode
 
     # -- weights -------------------------------------------------------------------------------
 

@@ -191,7 +191,6 @@ class Collector:
     keys: BatchKeys
     prefetch: int
     total_timesteps: int | None
-    autoreset_mode: AutoresetMode
     seed: Seed | None
     closed: bool
 
@@ -264,7 +263,6 @@ class Collector:
             timeout=timeout,
         )
         self.envs = self._placement.envs
-        self.autoreset_mode = self._placement.autoreset_mode
         self._setting = Setting(
             backend=chosen.name,
             num_workers=num_workers,
@@ -358,6 +356,15 @@ class Collector:
         wanted = self._progress.wanted(ahead)
         while self._placement.requested < wanted:
             self._placement.request()
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The envs' autoreset mode: declared in their ``metadata``, else NEXT_STEP (gymnasium's default) until
+        their step infos carry final observations, then SAME_STEP (see ``docs/envs.md``).
+
+        In worker processes and Ray actors, as of their last batch.
+        """
+        return self._placement.autoreset_mode
 
     def __len__(self) -> int:
         """Batches this collector delivers in all: those of ``total_timesteps`` left after a resumed state's."""
