@@ -16,7 +16,8 @@ from gymnasium.vector import VectorWrapper
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout import GAE, BatchKeys, Collector
+from torch_rollout import GAE, BatchKeys, Collector, Processes
+from torch_rollout._envs import split_envs
 
 __all__ = [
     "LinearAgent",
@@ -27,6 +28,7 @@ __all__ = [
     "check_same_step_rows",
     "collect_lockstep",
     "gae_float64",
+    "check_rows_in_workers",
     "load_records",
 ]
 
@@ -316,3 +318,40 @@ def _stack(values: list[Any]) -> Any:
     if isinstance(values[0], Tensor):
         return torch.stack(values)
     return {key: torch.stack([value[key] for value in values]) for key in values[0]}
+
+
+def check_rows_in_workers(
+    make: Callable[[int], Any],
+    agent: LinearAgent,
+    *,
+    folder: str,
+    num_envs: int,
+    num_steps: int,
+    batches: int,
+    workers: int,
+    final_key: str,
+    gamma: float,
+    gae_lambda: float,
+) -> list[TensorDict]:
+    """Collects ``batches`` in ``workers`` worker processes that build their shares with ``make(num_envs)`` and record
+    what the envs returned (``RecordingRecipe``), then checks every row of each worker's share against its record
+    (``check_same_step_rows``); returns the batches for the caller's own checks."""
+    with Collector(
+        RecordingRecipe(make, folder),
+        agent,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        total_timesteps=num_envs * num_steps * batches,
+        device="cpu",
+        backend=Processes(workers),
+        seed=0,
+        gae=GAE(gamma=gamma, gae_lambda=gae_lambda),
+        keys=BatchKeys(next_obs=True),
+    ) as collector:
+        got = list(collector)
+    shares = split_envs(num_envs, workers)
+    records = load_records(folder, [start for start, _ in shares])
+    for (start, count), record in zip(shares, records, strict=True):
+        own = [batch[:, start : start + count] for batch in got]
+        check_same_step_rows(own, record, agent, final_key=final_key, gamma=gamma, gae_lambda=gae_lambda)
+    return got

@@ -9,10 +9,7 @@ from gymnasium.vector import AutoresetMode, VectorWrapper
 from gymnasium.wrappers.vector import JaxToTorch
 from gymnax.wrappers.gym import GymnaxToVectorGymWrapper
 
-from torch_rollout import GAE, BatchKeys, Collector, Processes
-from torch_rollout._envs import split_envs
-
-from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
+from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, NUM_STEPS, BATCHES = 8, 64, 3
 GAMMA, LAMBDA = 0.99, 0.95
@@ -78,21 +75,16 @@ def test_worker_processes_that_build_the_envs(tmp_path):
     """Each of two worker processes builds its share (JAX in it), recording what it returned; every row of the
     trainer's batches is checked against the record of the worker that stepped it."""
     agent = LinearAgent(4, 2, discrete=True)
-    with Collector(
-        RecordingRecipe(gymnax_envs, str(tmp_path)),
+    batches = check_rows_in_workers(
+        gymnax_envs,
         agent,
+        folder=str(tmp_path),
         num_envs=NUM_ENVS,
         num_steps=NUM_STEPS,
-        total_timesteps=NUM_ENVS * NUM_STEPS * BATCHES,
-        device="cpu",
-        backend=Processes(2),
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
+        batches=BATCHES,
+        workers=2,
+        final_key="final_observation",
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+    )
     assert sum(int(batch["done"].sum()) for batch in batches) > NUM_ENVS, "too few episode ends to check"
-    shares = split_envs(NUM_ENVS, 2)
-    records = load_records(str(tmp_path), [start for start, _ in shares])
-    for (start, count), record in zip(shares, records, strict=True):
-        own = [batch[:, start : start + count] for batch in batches]
-        check_same_step_rows(own, record, agent, final_key="final_observation", gamma=GAMMA, gae_lambda=LAMBDA)

@@ -14,11 +14,10 @@ import pytest
 from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
 from isaaclab_tasks.utils import resolve_task_config
 
-from torch_rollout import GAE, BatchKeys, Collector, Processes
-from torch_rollout._envs import split_envs
+from torch_rollout import Collector
 from torch_rollout.envs import FromIsaacLab, FromRslRl
 
-from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
+from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, NUM_STEPS = 4, 16
 GAMMA, LAMBDA = 0.99, 0.95
@@ -183,21 +182,16 @@ def test_worker_processes_that_build_isaac_lab_envs(tmp_path):
     every row of the trainer's batches is checked against the record of the worker that stepped it."""
     agent = LinearAgent(4, 1, group="policy")
     recipe = functools.partial(isaac_envs, kind="direct", usd=cartpole_usd(tmp_path))
-    with Collector(
-        RecordingRecipe(recipe, str(tmp_path)),
+    batches = check_rows_in_workers(
+        recipe,
         agent,
+        folder=str(tmp_path),
         num_envs=NUM_ENVS,
         num_steps=NUM_STEPS,
-        total_timesteps=NUM_ENVS * NUM_STEPS * 2,
-        device="cpu",
-        backend=Processes(2),
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
-    shares = split_envs(NUM_ENVS, 2)
-    records = load_records(str(tmp_path), [start for start, _ in shares])
+        batches=2,
+        workers=2,
+        final_key="final_obs",
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+    )
     assert sum(int(batch["truncated"].sum()) for batch in batches) >= NUM_ENVS * 4
-    for (start, count), record in zip(shares, records, strict=True):
-        own = [batch[:, start : start + count] for batch in batches]
-        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)

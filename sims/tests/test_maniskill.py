@@ -12,10 +12,7 @@ from gymnasium.vector import AutoresetMode
 from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-from torch_rollout import GAE, BatchKeys, Collector, Processes
-from torch_rollout._envs import split_envs
-
-from _common import LinearAgent, Recorder, RecordingRecipe, check_same_step_rows, collect_lockstep, load_records
+from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
 NUM_STEPS, BATCHES = 32, 3
 # Short episodes, so that a few batches hold several time-outs (and their final observations)
@@ -107,22 +104,16 @@ def test_worker_processes_that_build_the_envs(workers, tmp_path):
     shapes = cpu_envs(1)
     agent = LinearAgent(shapes.single_observation_space.shape[0], shapes.single_action_space.shape[0])
     shapes.close()
-    with Collector(
-        RecordingRecipe(cpu_envs, str(tmp_path)),
+    batches = check_rows_in_workers(
+        cpu_envs,
         agent,
+        folder=str(tmp_path),
         num_envs=SYNC_ENVS,
         num_steps=NUM_STEPS,
-        total_timesteps=SYNC_ENVS * NUM_STEPS * 2,
-        device="cpu",
-        backend=Processes(workers),
-        seed=0,
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
-    shares = split_envs(SYNC_ENVS, workers)
-    records = load_records(str(tmp_path), [start for start, _ in shares])
+        batches=2,
+        workers=workers,
+        final_key="final_obs",
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+    )
     assert sum(int(batch["truncated"].sum()) for batch in batches) >= SYNC_ENVS, "too few time-outs to check"
-    for (start, count), record in zip(shares, records, strict=True):
-        own = [batch[:, start : start + count] for batch in batches]
-        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)

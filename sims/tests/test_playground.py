@@ -17,19 +17,9 @@ from brax.envs.wrappers.training import EpisodeWrapper
 from gymnasium.vector import AutoresetMode
 from mujoco_playground import registry
 
-from torch_rollout import GAE, BatchKeys, Collector, Processes
-from torch_rollout._envs import split_envs
 from torch_rollout.envs import FromJax
 
-from _common import (
-    LinearAgent,
-    Recorder,
-    RecordingRecipe,
-    as_same_step,
-    check_same_step_rows,
-    collect_lockstep,
-    load_records,
-)
+from _common import LinearAgent, Recorder, as_same_step, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
 NUM_ENVS, STEPS = 16, 5
 # The collector's runs: few envs (each new shape compiles for seconds) and a time limit short enough that several
@@ -208,22 +198,16 @@ def test_worker_processes_that_build_the_jax_envs(tmp_path):
     the trainer's batches is checked against the record of the worker that stepped it."""
     space = pendulum_envs(1)
     agent = LinearAgent(space.single_observation_space.shape[0], space.single_action_space.shape[0])
-    with Collector(
-        RecordingRecipe(pendulum_envs, str(tmp_path)),
+    batches = check_rows_in_workers(
+        pendulum_envs,
         agent,
+        folder=str(tmp_path),
         num_envs=ENVS,
         num_steps=NUM_STEPS,
-        total_timesteps=ENVS * NUM_STEPS * BATCHES,
-        device="cpu",
-        backend=Processes(2),  # each compiles its own jitted steps: tens of seconds
-        seed=0,
-        gae=GAE(gamma=GAMMA, gae_lambda=LAMBDA),
-        keys=BatchKeys(next_obs=True),
-    ) as collector:
-        batches = list(collector)
-    shares = split_envs(ENVS, 2)
-    records = load_records(str(tmp_path), [start for start, _ in shares])
+        batches=BATCHES,
+        workers=2,  # each compiles its own jitted steps: tens of seconds
+        final_key="final_obs",
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+    )
     assert sum(int(batch["done"].sum()) for batch in batches) >= ENVS, "too few episode ends to check"
-    for (start, count), record in zip(shares, records, strict=True):
-        own = [batch[:, start : start + count] for batch in batches]
-        check_same_step_rows(own, record, agent, final_key="final_obs", gamma=GAMMA, gae_lambda=LAMBDA)
