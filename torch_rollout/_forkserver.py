@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["context", "fork_is_safe", "start_server"]
+__all__ = ["TrainerEnvironment", "context", "fork_is_safe", "start_server"]
 
 # The modules a fresh server imports before it forks the first worker: what a worker needs (torch, tensordict,
 # gymnasium and this package come with it), once per server instead of once per worker.
@@ -58,6 +58,26 @@ def context() -> multiprocessing.context.ForkServerContext | multiprocessing.con
     ctx.set_forkserver_preload(PRELOAD)
     start_server()
     return ctx
+
+
+class TrainerEnvironment:
+    """The trainer's environment variables, which a worker process takes on as it unpickles this object.
+
+    A server's are those of the moment it started (the trainer's import of torch_rollout, say): a trainer that
+    sets ``MUJOCO_GL=egl`` later, in its ``main()``, has its workers see it all the same. A worker's first
+    argument, so that the modules that unpickling its env recipe and its policy imports see them too.
+    """
+
+    variables: dict[str, str]
+
+    def __init__(self) -> None:
+        self.variables = dict(os.environ)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if os.environ != self.variables:
+            os.environ.clear()
+            os.environ.update(self.variables)
 
 
 def fork_is_safe() -> bool:

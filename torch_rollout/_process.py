@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch_rollout._acting import PolicyCall
 from torch_rollout._compile import acting_call
 from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
-from torch_rollout._forkserver import context
+from torch_rollout._forkserver import TrainerEnvironment, context
 from torch_rollout._loop import RolloutLoop, Stopped
 from torch_rollout._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
 from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
@@ -150,6 +150,7 @@ class ProcessPlacement(RemotePlacement):
                     target=_worker_main,
                     name=f"torch_rollout-worker-{index}",
                     args=(
+                        TrainerEnvironment(),  # first: unpickled before the modules of the recipe and the policy
                         _WorkerSetup(
                             index=index,
                             recipe=recipe,
@@ -392,9 +393,17 @@ class _WorkerSetup:
 
 
 def _worker_main(
-    setup: _WorkerSetup, conn: multiprocessing.connection.Connection, policy: nn.Module, lock: Any, control: Tensor
+    environment: TrainerEnvironment,
+    setup: _WorkerSetup,
+    conn: multiprocessing.connection.Connection,
+    policy: nn.Module,
+    lock: Any,
+    control: Tensor,
 ) -> None:
-    """A worker process: builds its envs, says it is ready, then serves the trainer's requests until it stops."""
+    """A worker process: builds its envs, says it is ready, then serves the trainer's requests until it stops.
+
+    It took on the trainer's ``environment`` as it unpickled its arguments.
+    """
     _set_up_worker_process(setup.rng_seed)
     ctrl = control.numpy()
     envs = None
