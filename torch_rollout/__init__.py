@@ -2,7 +2,7 @@
 
 # First: it counts the threads that importing torch and numpy start (see _forkserver.fork_is_safe)
 from torch_rollout import (
-    _forkserver,  # noqa: F401
+    _forkserver,
     envs,  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
 )
 from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
@@ -34,3 +34,6 @@ __all__ = [
     "gym_envs",
 ]
 __version__ = "0.1.0"
+
+# Last: the fork server of worker processes, forked now, while the trainer has no thread of its own yet.
+_forkserver.start_server_at_import()

@@ -4,24 +4,44 @@ Worker processes fork from a single-threaded server, never from the trainer
 itself, so they inherit none of the trainer's threads, locks held by them or
 CUDA context. multiprocessing's forkserver starts that server as a fresh
 interpreter, which imports torch, tensordict and gymnasium again before the
-first worker can fork: seconds, on a small machine. When the trainer is still
-safe to fork at the first worker's start (no thread of its own, no CUDA context), the
-server is forked from the trainer instead, with those modules already
-imported, and the first workers start in a fraction of a second. Either way the
-server serves every later worker of every collector, whatever the trainer
-starts meanwhile.
+first worker can fork: seconds, on a small machine. So the server is forked
+from the trainer instead, with those modules already imported, at the first
+moment the trainer is safe to fork (no thread of its own, no CUDA context):
+
+- when ``torch_rollout`` is imported (the last statement of its
+  ``__init__``): a trainer imports it at its top, before ``wandb.init()``,
+  ``SummaryWriter()`` or a ``tqdm`` bar start their threads. The server then
+  waits, idle, for the first collector with worker processes;
+  ``TORCH_ROLLOUT_PREFORK=0`` skips this;
+- else at the first worker's start, if the trainer is safe to fork then;
+- else multiprocessing starts a fresh server, as it would by itself.
+
+Whichever it is, it serves every later worker of every collector, whatever the
+trainer starts meanwhile.
 
 The forked server keeps nothing of the trainer that could hold others up or
 act for it: its pipes and sockets are replaced by ``/dev/null`` (the numbers
 stay taken, so nothing the trainer's objects refer to is reused), the trainer's
-Python signal handlers are reset, pending output is flushed first (no worker
-prints it again), and workers import the trainer's ``__main__`` script again,
-as they do from a fresh server.
+Python signal handlers are reset, and pending output is flushed first (no
+worker prints it again). The imports under way at the fork give up their locks
+(a worker's thread that imports would wait for them forever), and the modules
+that were importing torch_rollout are dropped, for the workers to import
+whole. Workers import the trainer's ``__main__`` script again, as from a fresh
+server, and take on the trainer's environment variables as of their start
+(:class:`TrainerEnvironment`; the server's are those of its own start).
+
+A child that the trainer forks (``os.fork``, multiprocessing's fork start
+method) lets go of the trainer's server, and starts one of its own if it needs
+workers. At the trainer's exit the server exits too; one that serves no worker
+is waited for, so that none outlives the trainer.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
+import importlib
+import importlib._bootstrap
 import multiprocessing
 import os
 import signal
@@ -29,25 +49,34 @@ import socket
 import stat
 import sys
 import threading
+import time
 import types
 import warnings
-from multiprocessing import connection, forkserver, resource_tracker, util
+from multiprocessing import connection, forkserver, util
 from typing import Any
 
 import torch
 
-__all__ = ["TrainerEnvironment", "context", "fork_is_safe", "start_server"]
+__all__ = ["TrainerEnvironment", "context", "fork_is_safe", "start_server", "start_server_at_import"]
 
-# The modules a fresh server imports before it forks the first worker: what a worker needs (torch, tensordict,
-# gymnasium and this package come with it), once per server instead of once per worker.
+# What a worker needs (torch, tensordict, gymnasium and this package come with it), imported once per server
+# instead of once per worker: by a fresh server before it forks the first worker, by the trainer before it
+# forks the server at import.
 PRELOAD = ["torch_rollout._process"]
 # multiprocessing.forkserver.ForkServer's state in the Pythons whose fork server protocol this module speaks
 # (3.10-3.12); another set of fields (3.13 added authentication) starts the server multiprocessing's own way.
 _SERVER_FIELDS = {"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_inherited_fds", "_lock"}
 _SERVER_FIELDS_WITH_PRELOAD = _SERVER_FIELDS | {"_preload_modules"}
 _TASKS = "/proc/self/task"  # one entry per OS thread of this process (Linux)
+# Set to 0, the server is not forked at import, only at the first worker's start (where that is safe).
+PREFORK_VARIABLE = "TORCH_ROLLOUT_PREFORK"
+_PACKAGE = __name__.rpartition(".")[0]
+# How long the trainer's exit waits for a server that serves no worker (it exits as soon as it sees the pipe's end).
+_EXIT_WAIT = 2.0
 # The trainer's __main__ module, kept alive in a forked server that replaced it, so that nothing it holds is freed.
 _trainer_main: list[types.ModuleType] = []
+# The pid of the server that this process forked (None: none, or multiprocessing started it).
+_server_pid: int | None = None
 
 
 def context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
@@ -104,14 +133,55 @@ def _os_threads() -> int | None:
 _THREADS_AT_IMPORT = (_os_threads() or 1) if threading.active_count() == 1 else 1
 
 
-def start_server() -> bool:
+def start_server_at_import() -> bool:
+    """Forks the fork server while ``torch_rollout`` is imported, unless ``TORCH_ROLLOUT_PREFORK=0``; whether it did.
+
+    The package's ``__init__`` calls it last. A trainer imports torch_rollout at its top, before anything it
+    runs starts threads; the server forked now stays idle until the first collector with worker processes.
+    Not in a fork server that multiprocessing starts (it imports torch_rollout to preload it), nor in a
+    process that multiprocessing prepares (a spawned child importing the trainer's script again): neither
+    creates collectors.
+
+    Raises:
+        ValueError: ``TORCH_ROLLOUT_PREFORK`` is set to something other than 0 or 1.
+    """
+    value = os.environ.get(PREFORK_VARIABLE, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(
+            f"import torch_rollout: {PREFORK_VARIABLE}={value!r}; set it to 0 (the fork server of worker processes "
+            "starts with the first collector that needs one) or 1 (it is forked now, at import: the default), "
+            "or unset it"
+        )
+    if value == "0" or _running(forkserver.main.__code__):
+        return False
+    for name in PRELOAD:  # what a worker runs: imported once, before the fork, not once per worker
+        importlib.import_module(name)
+    return start_server(at_import=True)
+
+
+def _running(code: types.CodeType) -> bool:
+    """Whether the function of ``code`` is running, somewhere up this thread's stack."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def start_server(*, at_import: bool = False) -> bool:
     """Starts multiprocessing's fork server by forking this process, if it is not running and the fork is safe.
 
     Returns whether it did; otherwise the server starts (or runs already) multiprocessing's own way. Call it
     before anything of the trainer's that the server should not hold a copy of, e.g. shared-memory tensors.
+
+    Args:
+        at_import: called by the package's ``__init__``, as its last statement (see
+            :func:`start_server_at_import`): the package's import is complete, though not yet over.
     """
+    global _server_pid
     server: Any = forkserver._forkserver  # its private fields, which typeshed does not declare
-    if set(vars(server)) not in (_SERVER_FIELDS, _SERVER_FIELDS_WITH_PRELOAD):
+    if set(vars(server)) not in (_SERVER_FIELDS, _SERVER_FIELDS_WITH_PRELOAD) or not isinstance(_module_locks(), dict):
         return False
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # A worker importing the trainer's script, which creates a collector outside its main guard: the
@@ -120,7 +190,6 @@ def start_server() -> bool:
     with server._lock:
         if server._forkserver_pid is not None or not fork_is_safe():
             return False
-        resource_tracker.ensure_running()  # a process of its own: it comes before the fork, as in ensure_running()
         address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # typeshed: private, undeclared
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(address)
@@ -142,21 +211,22 @@ def start_server() -> bool:
                 return False
             if pid == 0:
                 try:
-                    _serve(listener.fileno(), alive_r, alive_w)
+                    _serve(listener.fileno(), alive_r, alive_w, at_import=at_import)
                 finally:
                     os._exit(1)  # never the trainer's atexit handlers or buffers
             os.close(alive_r)
         server._forkserver_address = address
         server._forkserver_alive_fd = alive_w
-        server._forkserver_pid = pid
+        server._forkserver_pid = _server_pid = pid
         return True
 
 
-def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
+def _serve(listener_fd: int, alive_r: int, alive_w: int, *, at_import: bool) -> None:
     """The forked server: lets go of what it inherited from the trainer, then serves multiprocessing's protocol."""
     gc.freeze()  # the trainer's objects are never collected here: no finalizer of theirs runs twice
     # Held by the trainer's thread at the fork: a worker that starts processes of its own takes it.
     forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]  # typeshed: private, undeclared
+    _leave_imports(at_import=at_import)
     os.close(alive_w)
     _release_inherited_fds(keep={0, 1, 2, listener_fd, alive_r})
     signal.set_wakeup_fd(-1)
@@ -168,6 +238,35 @@ def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
     _trainer_main.append(sys.modules["__main__"])
     sys.modules["__main__"] = types.ModuleType("__main__")
     forkserver.main(listener_fd, alive_r, [])
+
+
+def _module_locks() -> object:
+    """importlib's lock per module being imported (a dict by name in 3.10-3.12)."""
+    return getattr(importlib._bootstrap, "_module_locks", None)
+
+
+def _leave_imports(*, at_import: bool) -> None:
+    """Lets go of the imports that the trainer's thread was in at the fork, which never finish here.
+
+    Their module locks are held by that thread: a worker's thread that imports one of those modules (or a
+    submodule of it) would wait for it forever. Forked at import, torch_rollout's own import is complete (the
+    fork is the last statement of its ``__init__``), and the modules that were importing it stopped at that
+    line: they are dropped, with their submodules, so that workers import them whole from their files.
+    """
+    locks = _module_locks()
+    assert isinstance(locks, dict)  # checked by start_server() before the fork
+    locks.clear()  # later imports take locks of their own
+    if not at_import:
+        return
+    for name, module in list(sys.modules.items()):
+        spec: Any = getattr(module, "__spec__", None)
+        if not getattr(spec, "_initializing", False):
+            continue
+        if name == _PACKAGE:
+            spec._initializing = False
+            continue
+        for other in [other for other in sys.modules if other == name or other.startswith(name + ".")]:
+            del sys.modules[other]
 
 
 def _release_inherited_fds(keep: set[int]) -> None:
@@ -187,3 +286,57 @@ def _release_inherited_fds(keep: set[int]) -> None:
                 os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def _forget_server() -> None:
+    """In a child that this process forks (``os.fork``, multiprocessing's fork start method): the server stays the
+    parent's. The child closes its end of the alive pipe (the server's lifetime stays the parent's) and starts a
+    server of its own if it starts workers (multiprocessing checks that its server lives with ``waitpid``,
+    which only the parent can call)."""
+    global _server_pid
+    server: Any = forkserver._forkserver
+    if _server_pid is not None and getattr(server, "_forkserver_pid", None) == _server_pid:
+        alive_w = server._forkserver_alive_fd
+        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+        server._lock = threading.Lock()  # held, maybe, by a thread that the child does not have
+        try:
+            os.close(alive_w)
+        except OSError:
+            pass
+    _server_pid = None
+
+
+def _stop_server() -> None:
+    """At exit: closes this process's end of the alive pipe, so that its server exits once no worker holds one;
+    waits for a server without workers (it exits at once), so that none is left after this process."""
+    global _server_pid
+    server: Any = forkserver._forkserver
+    pid = _server_pid
+    if pid is None or getattr(server, "_forkserver_pid", None) != pid:
+        return
+    alive_w = server._forkserver_alive_fd
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = _server_pid = None
+    try:
+        os.close(alive_w)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            if f.read().split():
+                return  # workers of a collector left open: the server exits after them
+    except OSError:
+        return
+    deadline = time.monotonic() + _EXIT_WAIT
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped already (a SIGCHLD handler, os.wait() of the trainer's)
+            return
+        time.sleep(0.005)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_server)
+# Registered before the collectors' own exit handler (collector.py): runs after it, once their workers are closed.
+atexit.register(_stop_server)
