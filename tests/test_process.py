@@ -55,17 +55,19 @@ def descendants(pid: int | None = None) -> set[int]:
 
 
 def workers() -> set[int]:
-    """Live torch_rollout worker processes below this one."""
+    """Live torch_rollout worker processes below this one: the fork server's children (a server forked from this
+    process runs its command line), and any process that runs a fresh server's command line."""
+    servers = _forkservers()
     alive = set()
     for pid in descendants():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
             with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
+                state, parent = f.read().rpartition(")")[2].split()[:2]
         except OSError:
             continue
-        if b"forkserver" in cmdline and state != "Z" and pid not in _forkservers():
+        if (int(parent) in servers or b"forkserver" in cmdline) and state != "Z" and pid not in servers:
             alive.add(pid)
     return alive
 
