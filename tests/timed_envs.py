@@ -34,3 +34,22 @@ class SlowEnv(gym.Env):
 def make_slow_envs(num_envs: int, pause: float = 0.0) -> gym.vector.VectorEnv:
     """``num_envs`` SlowEnvs in a SyncVectorEnv: a vector step takes ``num_envs * pause`` seconds at least."""
     return gym.vector.SyncVectorEnv([lambda: SlowEnv(pause) for _ in range(num_envs)])
+
+
+class BusyEnv(SlowEnv):
+    """A :class:`SlowEnv` whose steps spin in Python for ``busy`` seconds: they hold the GIL, as Python envs do."""
+
+    def __init__(self, busy: float = 0.0) -> None:
+        super().__init__()
+        self.busy = busy
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        end = time.perf_counter() + self.busy
+        while time.perf_counter() < end:
+            pass
+        return super().step(action)
+
+
+def make_busy_envs(num_envs: int, busy: float = 0.0) -> gym.vector.VectorEnv:
+    """``num_envs`` BusyEnvs in a SyncVectorEnv: a vector step holds the GIL ``num_envs * busy`` seconds."""
+    return gym.vector.SyncVectorEnv([lambda: BusyEnv(busy) for _ in range(num_envs)])

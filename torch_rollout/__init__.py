@@ -12,6 +12,7 @@ from torch_rollout._placement import Processes, Ray, Thread
 from torch_rollout._seed import Seed
 from torch_rollout._spec import BatchKeys, CudaGraph
 from torch_rollout._stats import Stats, WorkerStats
+from torch_rollout._tune import tune
 from torch_rollout.collector import Collector
 from torch_rollout.gae import GAE, compute_gae
 
@@ -32,6 +33,7 @@ __all__ = [
     "envpool_envs",
     "envs",
     "gym_envs",
+    "tune",
 ]
 __version__ = "0.1.0"
 

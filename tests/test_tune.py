@@ -1,0 +1,238 @@
+"""torch_rollout.tune: a row per placement that applies, a best that builds a working Collector, the thread's
+placements only for a live vector env, worker processes ahead where the env holds the GIL, and the command line.
+
+No test asserts a speed of the machine, except one ordering that a GIL-holding env makes large: two worker
+processes step it about twice as fast as the trainer's thread can.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium
+import pytest
+import torch
+
+import torch_rollout
+from torch_rollout import Collector, Processes, tune
+from torch_rollout._stats import available_cores
+from torch_rollout._tune import MLPPolicy, default_placements, main
+
+from reliability_envs import ConstantPolicy
+from timed_envs import make_busy_envs
+
+ROOT = Path(__file__).resolve().parent.parent
+N, T = 2, 8
+LOCKSTEP = "backend='thread', prefetch=0"
+AHEAD = "backend='thread', prefetch=1"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The trainer on one torch thread, as trainers on small CPU machines set it (tune uses the caller's setting)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def workers(k: int) -> str:
+    return f"backend=Processes(num_workers={k}), prefetch=1"
+
+
+def table_rows(out: str) -> dict[str, str]:
+    """The printed table's rows by placement: ``{label: the rest of its line}``."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| backend="):
+            rows[cells[0]] = " | ".join(cells[1:])
+    return rows
+
+
+def test_a_row_per_placement_that_applies_and_the_best_builds_a_collector(capsys):
+    best = tune("CartPole-v1", num_envs=N, num_steps=T, seconds=1.0, device="cpu")  # the default MLP policy
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert list(rows) == [LOCKSTEP, AHEAD] + [workers(k) for k in range(1, min(available_cores(), N) + 1)]
+    assert not any("refused" in row for row in rows.values())
+    assert "1 torch thread in the trainer" in out
+    assert "no training between batches" in out
+    assert best in default_placements(N)
+    assert f"best: {', '.join(f'{key}={value!r}' for key, value in best.items())} (" in out
+    with Collector(
+        "CartPole-v1", ConstantPolicy(), num_envs=N, num_steps=T, device="cpu", total_timesteps=N * T, **best
+    ) as collector:
+        batches = list(collector)
+    assert len(batches) == 1 and batches[0].batch_size == (T, N)
+
+
+def test_a_live_vector_env_gets_the_thread_placements_only(capsys):
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=N, vectorization_mode="sync")
+    try:
+        best = tune(envs, ConstantPolicy(), num_steps=T, seconds=0.4, device="cpu")
+    finally:
+        envs.close()
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert [label for label, row in rows.items() if "refused" not in row] == [LOCKSTEP, AHEAD]
+    assert all(rows[workers(k)].startswith("refused [") for k in range(1, min(available_cores(), N) + 1))
+    assert "envs is a live SyncVectorEnv" in out  # the Collector's own reason, under the table
+    assert best["backend"] == "thread"
+
+
+def test_worker_processes_win_on_an_env_that_holds_the_gil(capsys):
+    cores, load = available_cores(), os.getloadavg()[0]
+    if cores < 2:
+        pytest.skip(f"two worker processes outrun the thread only on 2 cores or more; this process may use {cores}")
+    if load > 2 * cores:
+        pytest.skip(
+            f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): two workers get no two cores"
+        )
+    # 3 ms of Python per env step: a batch is 48 ms of one core, split over two workers' cores.
+    envs = functools.partial(make_busy_envs, busy=0.003)
+    best = tune(envs, ConstantPolicy(), num_envs=2, num_steps=T, seconds=1.5, device="cpu")
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == [LOCKSTEP, AHEAD, workers(1), workers(2)]
+    assert best == {"backend": Processes(num_workers=2), "prefetch": 1}, rows
+
+
+def test_given_placements_and_a_stand_in_update(capsys):
+    placements = [{"backend": "thread", "prefetch": 1}, {"backend": "thread", "prefetch": 0, "check_finite": True}]
+    best = tune(
+        "CartPole-v1",
+        ConstantPolicy(),
+        num_envs=N,
+        num_steps=T,
+        seconds=0.3,
+        train_seconds=0.01,
+        placements=placements,
+        device="cpu",
+    )
+    out = capsys.readouterr().out
+    assert list(table_rows(out)) == [AHEAD, f"{LOCKSTEP}, check_finite=True"]
+    assert "train_seconds=0.01" in out
+    assert best in placements
+
+
+class EvenShares:
+    """CartPole envs, from a recipe that refuses a worker an odd number of them (as EnvPool's refuses some splits)."""
+
+    def __call__(self, num_envs: int) -> gymnasium.vector.VectorEnv:
+        return gymnasium.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync")
+
+    def check_shares(self, shares: list[tuple[int, int]]) -> None:
+        for start, stop in shares:
+            if (stop - start) % 2:
+                raise ValueError(f"EvenShares: envs {start}..{stop - 1} are an odd share; give each worker an even one")
+
+
+def test_a_placement_that_the_recipe_refuses_gets_a_row_saying_why(capsys):
+    placements = [{"backend": "thread", "prefetch": 0}, {"backend": Processes(num_workers=2)}]
+    best = tune(
+        EvenShares(), ConstantPolicy(), num_envs=2, num_steps=T, seconds=0.2, placements=placements, device="cpu"
+    )
+    out = capsys.readouterr().out
+    assert table_rows(out)["backend=Processes(num_workers=2)"].startswith("refused [1]")
+    assert "[1] backend=Processes(num_workers=2): refused: ValueError: EvenShares: envs 0..0 are an odd share" in out
+    assert best == placements[0]
+
+
+def test_every_placement_refused_raises_the_collectors_error():
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=N, vectorization_mode="sync")
+    try:
+        with pytest.raises(TypeError, match=re.escape("Collector(backend='process'): envs is a live SyncVectorEnv")):
+            tune(envs, ConstantPolicy(), num_steps=T, seconds=0.2, placements=[{"backend": "process"}], device="cpu")
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({"num_steps": T}, ValueError, "tune: num_envs is required with an env id or a function"),
+        ({"num_steps": 0, "num_envs": N}, ValueError, "tune: num_steps must be an int >= 1, got int 0"),
+        ({"num_steps": T, "num_envs": N, "seconds": 0}, ValueError, "tune: seconds must be a number > 0 of seconds"),
+        (
+            {"num_steps": T, "num_envs": N, "train_seconds": -1},
+            ValueError,
+            "tune: train_seconds must be a number >= 0 of seconds, got -1",
+        ),
+        (
+            {"num_steps": T, "num_envs": N, "placements": {"backend": "thread"}},
+            TypeError,
+            "tune: placements must be a non-empty list of dicts of Collector keyword arguments",
+        ),
+        (
+            {"num_steps": T, "num_envs": N, "placements": [{"backend": "thread", "num_envs": 4}]},
+            ValueError,
+            "tune: placements[0] has ['num_envs'], which are not Collector keyword arguments that a placement may set",
+        ),
+        (
+            {"num_steps": T, "num_envs": N, "placements": ["thread"]},
+            TypeError,
+            "tune: placements[0] must be a dict of Collector keyword arguments",
+        ),
+    ],
+    ids=[
+        "no-num-envs",
+        "num-steps-0",
+        "seconds-0",
+        "train-seconds-negative",
+        "placements-a-dict",
+        "fixed-key",
+        "placement-a-str",
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        tune("CartPole-v1", ConstantPolicy(), **kwargs)
+
+
+def test_the_default_policy_refuses_spaces_it_does_not_take():
+    with pytest.raises(TypeError, match=re.escape("tune: the default policy takes Discrete or Box actions")):
+        MLPPolicy(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.MultiBinary(2))
+    continuous = MLPPolicy(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Box(-1, 1, (2, 2)))
+    assert continuous(torch.zeros(5, 3))["action"].shape == (5, 2, 2)
+
+
+def test_python_m_torch_rollout_tune_prints_the_table_and_the_collector_call():
+    # A fresh interpreter run with -m: its worker processes import __main__ by its module name.
+    command = [sys.executable, "-m", "torch_rollout", "tune", "CartPole-v1", "--num-envs", "1", "--num-steps", "4"]
+    options = ["--seconds", "0.2", "--device", "cpu", "--threads", "1", "--policy", "torch_rollout._tune:MLPPolicy"]
+    done = subprocess.run(
+        [*command, *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    rows = table_rows(done.stdout)
+    assert list(rows) == [LOCKSTEP, AHEAD, workers(1)] and "refused" not in rows[workers(1)]
+    assert "1 torch thread in the trainer" in done.stdout
+    assert re.search(r"^Collector\('CartPole-v1', policy, num_envs=1, num_steps=4, backend=", done.stdout, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    "option,message",
+    [
+        ("--policy=nowhere", "--policy must be MODULE:FACTORY (e.g. mypackage.agents:make_agent), got 'nowhere'"),
+        ("--policy=torch_rollout._tune:Nothing", "module 'torch_rollout._tune' has no 'Nothing'"),
+        ("--threads=0", "--threads must be >= 1, got 0"),
+    ],
+    ids=["policy-without-colon", "policy-missing", "threads-0"],
+)
+def test_the_command_line_refuses_bad_options(option, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["tune", "CartPole-v1", "--num-envs", "1", "--num-steps", "4", option])
+
+
+def test_tune_is_the_function():
+    assert torch_rollout.tune is tune and callable(torch_rollout.tune)
