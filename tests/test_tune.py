@@ -157,11 +157,20 @@ def test_every_placement_refused_raises_the_collectors_error():
     [
         ({"num_steps": T}, ValueError, "tune: num_envs is required with an env id or a function"),
         ({"num_steps": 0, "num_envs": N}, ValueError, "tune: num_steps must be an int >= 1, got int 0"),
-        ({"num_steps": T, "num_envs": N, "seconds": 0}, ValueError, "tune: seconds must be a number > 0 of seconds"),
+        (
+            {"num_steps": T, "num_envs": N, "seconds": 0},
+            ValueError,
+            "tune: seconds must be a finite number > 0 of seconds, got 0",
+        ),
+        (
+            {"num_steps": T, "num_envs": N, "seconds": float("inf")},
+            ValueError,
+            "seconds must be a finite number > 0 of seconds, got inf",
+        ),
         (
             {"num_steps": T, "num_envs": N, "train_seconds": -1},
             ValueError,
-            "tune: train_seconds must be a number >= 0 of seconds, got -1",
+            "tune: train_seconds must be a finite number >= 0 of seconds, got -1",
         ),
         (
             {"num_steps": T, "num_envs": N, "placements": {"backend": "thread"}},
@@ -183,6 +192,7 @@ def test_every_placement_refused_raises_the_collectors_error():
         "no-num-envs",
         "num-steps-0",
         "seconds-0",
+        "seconds-inf",
         "train-seconds-negative",
         "placements-a-dict",
         "fixed-key",

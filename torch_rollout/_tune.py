@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -345,9 +346,9 @@ def _check_arguments(envs: Any, num_steps: Any, num_envs: Any, seconds: Any, tra
         raise ValueError(f"tune: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
     _check_int("num_envs", num_envs)
     for name, value, minimum in (("seconds", seconds, "> 0"), ("train_seconds", train_seconds, ">= 0")):
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not number or not (value > 0 if minimum == "> 0" else value >= 0):
-            raise ValueError(f"tune: {name} must be a number {minimum} of seconds, got {value!r}")
+            raise ValueError(f"tune: {name} must be a finite number {minimum} of seconds, got {value!r}")
     return int(num_envs)
 
 
