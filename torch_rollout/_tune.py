@@ -305,9 +305,10 @@ class MLPPolicy(nn.Module):
         return {"action": action, "log_prob": log_prob, "value": self.critic(x).squeeze(-1)}
 
     def _dist(self, out: Tensor) -> Distribution:
+        # No argument validation: a trainer's agent skips it too (it costs as much as the network here)
         if self.log_std is None:
-            return Categorical(logits=out)
-        return Independent(Normal(out, self.log_std.exp()), 1)
+            return Categorical(logits=out, validate_args=False)
+        return Independent(Normal(out, self.log_std.exp(), validate_args=False), 1, validate_args=False)
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
@@ -450,32 +451,35 @@ def _shares(stats: list[Stats]) -> dict[str, float]:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command line's arguments (``python -m torch_rollout tune --help``)."""
     parser.add_argument("env_id", help="a gymnasium env id (an id of your own module: module:EnvName-v0)")
-    parser.add_argument("--num-envs", type=int, required=True, help="envs per batch, as you will collect")
-    parser.add_argument("--num-steps", type=int, required=True, help="steps per env per batch, as you will collect")
+    parser.add_argument("--num-envs", type=_positive_int, required=True, help="envs per batch, as you will collect")
+    parser.add_argument(
+        "--num-steps", type=_positive_int, required=True, help="steps per env per batch, as you will collect"
+    )
     parser.add_argument(
         "--policy",
         metavar="MODULE:FACTORY",
         help="a function FACTORY(observation_space, action_space) -> nn.Module of an importable module, called "
         "with one env's spaces (default: a 64x64 tanh MLP actor-critic)",
     )
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds in all (default 20)")
+    parser.add_argument("--seconds", type=_seconds, default=20.0, help="timed seconds in all (default 20)")
     parser.add_argument(
         "--train-seconds",
-        type=float,
+        type=_train_seconds,
         default=0.0,
         help="seconds of a stand-in CPU update (Adam steps of a 64x64 MLP) after each batch (default 0: none)",
     )
     parser.add_argument("--device", default=None, help="the policy's device (default: cuda when available, else cpu)")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads in the trainer first (default: torch's own)"
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="torch.set_num_threads in the trainer first (default: torch's own)",
     )
 
 
 def _main(args: argparse.Namespace) -> int:
     """Runs :func:`tune` for the parsed command line and prints the Collector call it found fastest."""
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     policy = None
     if args.policy is not None:
@@ -497,6 +501,34 @@ def _main(args: argparse.Namespace) -> int:
     chosen = ", ".join(f"{key}={value!r}" for key, value in best.items())
     print(f"\nCollector({args.env_id!r}, policy, num_envs={args.num_envs}, num_steps={args.num_steps}, {chosen})")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _train_seconds(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    return value if math.isfinite(value) else -1.0  # refused by the callers, with the text as given
 
 
 def _import_factory(spec: str) -> Callable[[spaces.Space, spaces.Space], nn.Module]:
