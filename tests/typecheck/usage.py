@@ -36,6 +36,7 @@ from torch_rollout import (
     double_buffered,
     envpool_envs,
     gym_envs,
+    tune,
 )
 from torch_rollout.envs import CartPole
 
@@ -165,3 +166,12 @@ def the_vector_envs() -> None:
     pair: DoubleBufferedVectorEnv = DoubleBufferedVectorEnv([make_envs(2), make_envs(2)])
     seeded: Seed = Seed(0)
     del pair, seeded
+
+
+def tuning() -> Collector:
+    best: dict[str, Any] = tune("CartPole-v1", Agent(), num_envs=8, num_steps=128, seconds=20.0)
+    tune(make_envs, num_envs=8, num_steps=128, train_seconds=0.05, device="cpu")  # the default MLP policy
+    tune(gymnasium.make_vec("CartPole-v1", num_envs=8), Agent(), num_steps=128)  # a live env: the thread only
+    with_ray = [{"backend": "thread", "prefetch": 0}, {"backend": Ray(num_workers=2), "prefetch": 1}]
+    tune("CartPole-v1", Agent(), num_envs=8, num_steps=128, placements=with_ray)
+    return Collector("CartPole-v1", Agent(), num_envs=8, num_steps=128, **best)
