@@ -84,9 +84,9 @@ if __name__ == "__main__":
         import torch
 
         torch.cuda.is_initialized = lambda: True  # as a trainer with its model on a GPU
-    import torch_rollout  # noqa: F401
+    from torch_rollout import _forkserver
 
-    (OUT / "server-at-import.json").write_text(json.dumps(forkserver._forkserver._forkserver_pid))
+    (OUT / "server-at-import.json").write_text(json.dumps(_forkserver._idle and _forkserver._idle.pid))
     import sched  # noqa: F401  (another module that nothing else imports)
 
     signal.signal(signal.SIGTERM, lambda *_: (OUT / "trainer-handler-ran").touch())
@@ -256,8 +256,9 @@ if __name__ == "__main__":
     from reliability_envs import ConstantPolicy
     from torch_rollout import Collector, Processes
 
-    server = forkserver._forkserver._forkserver_pid
-    assert server is not None
+    from torch_rollout import _forkserver
+
+    server = _forkserver._idle.pid  # forked at the import, not yet multiprocessing's
     # The workers' main thread imports the module first, to unpickle its function; then a thread of theirs does.
     for envs in (helpers.build, make_envs):
         with Collector(envs, ConstantPolicy(), num_envs=2, num_steps=4, backend=Processes(2), timeout=120) as c:
@@ -279,22 +280,20 @@ def test_a_module_half_imported_at_the_fork_is_imported_whole_by_workers(tmp_pat
 # A trainer that never starts a worker process: what the server forked at its import costs it.
 IDLE_TRAINER = """
 import json, os, signal, sys, time
-from multiprocessing import forkserver
 from pathlib import Path
 
 OUT = Path({out!r})
 handlers = {{s: signal.getsignal(s) for s in signal.valid_signals()}}
-import torch_rollout  # noqa: F401
+from torch_rollout import _forkserver
 
-server = forkserver._forkserver._forkserver_pid
+server = _forkserver._idle.pid
 (OUT / "server.json").write_text(json.dumps(server))
 assert {{s: signal.getsignal(s) for s in signal.valid_signals()}} == handlers  # no handler of the trainer's replaced
 mode = sys.argv[1]
 if mode == "fork":  # a child forked from the trainer lets its server go, and starts one of its own
     pid = os.fork()
     if pid == 0:
-        fields = (forkserver._forkserver._forkserver_pid, forkserver._forkserver._forkserver_alive_fd)
-        os._exit(0 if fields == (None, None) else 3)
+        os._exit(0 if _forkserver._idle is None else 3)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the child kept the parent's server"
 if mode == "killed":
     print("ready", flush=True)
@@ -333,6 +332,39 @@ def test_a_server_that_serves_no_worker_is_gone_with_the_trainer(tmp_path, mode)
     assert stderr.read_text() == ""  # nothing printed by the server, at its start or at its exit
 
 
+# A trainer in which something else starts processes from multiprocessing's forkserver before the first collector.
+OTHER_USER_TRAINER = """
+import multiprocessing, os, sys
+from multiprocessing import forkserver
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector, Processes, _forkserver
+
+if __name__ == "__main__":
+    idle = _forkserver._idle.pid
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        other = pool.apply(os.getppid)
+    # A server of its own, multiprocessing's fresh one, as without torch_rollout.
+    assert other != idle and other == forkserver._forkserver._forkserver_pid, (idle, other)
+    with Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=2, backend=Processes(2), timeout=120) as c:
+        next(c)
+    # It serves the collectors too; the idle one is gone, waited for.
+    assert forkserver._forkserver._forkserver_pid == other
+    assert not Path(f"/proc/{{idle}}").exists()
+    print("the other server serves", flush=True)
+"""
+
+
+def test_other_users_of_the_forkserver_before_the_first_collector_get_a_server_of_their_own(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(OTHER_USER_TRAINER).format(tests=str(TESTS)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "the other server serves\n"
+
+
 def test_a_bad_value_of_the_opt_out_is_refused_at_import(tmp_path):
     env = {**os.environ, PREFORK: "no"}
     proc = subprocess.run(
@@ -347,7 +379,7 @@ def test_a_bad_value_of_the_opt_out_is_refused_at_import(tmp_path):
 
 def test_the_opt_out_forks_nothing_at_import(tmp_path):
     env = {**os.environ, PREFORK: "0"}
-    code = "import torch_rollout; from multiprocessing import forkserver; print(forkserver._forkserver._forkserver_pid)"
+    code = "from torch_rollout import _forkserver; print(_forkserver._idle)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "None\n"

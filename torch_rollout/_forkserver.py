@@ -11,7 +11,10 @@ moment the trainer is safe to fork (no thread of its own, no CUDA context):
 - when ``torch_rollout`` is imported (the last statement of its
   ``__init__``): a trainer imports it at its top, before ``wandb.init()``,
   ``SummaryWriter()`` or a ``tqdm`` bar start their threads. The server then
-  waits, idle, for the first collector with worker processes;
+  waits, idle, for the first collector with worker processes, and becomes
+  multiprocessing's only then (what else starts processes from a forkserver
+  before then gets a server of its own, which serves the collectors too, and
+  this one exits);
   ``TORCH_ROLLOUT_PREFORK=0`` skips this;
 - else at the first worker's start, if the trainer is safe to fork then;
 - else multiprocessing starts a fresh server, as it would by itself.
@@ -52,6 +55,7 @@ import threading
 import time
 import types
 import warnings
+from dataclasses import dataclass
 from multiprocessing import connection, forkserver, util
 from typing import Any
 
@@ -75,7 +79,21 @@ _PACKAGE = __name__.rpartition(".")[0]
 _EXIT_WAIT = 2.0
 # The trainer's __main__ module, kept alive in a forked server that replaced it, so that nothing it holds is freed.
 _trainer_main: list[types.ModuleType] = []
-# The pid of the server that this process forked (None: none, or multiprocessing started it).
+
+
+@dataclass(frozen=True)
+class _Forked:
+    """A fork server that this process forked: where it listens, this process's end of its alive pipe, its pid."""
+
+    address: str
+    alive_w: int
+    pid: int
+
+
+# Forked at import, and kept to this package until its first worker: until then, whatever else starts processes
+# with multiprocessing's forkserver gets a server of its own, as it would without torch_rollout.
+_idle: _Forked | None = None
+# The pid of the server that this process forked, once it serves as multiprocessing's (None: none, or not ours).
 _server_pid: int | None = None
 
 
@@ -137,14 +155,15 @@ def start_server_at_import() -> bool:
     """Forks the fork server while ``torch_rollout`` is imported, unless ``TORCH_ROLLOUT_PREFORK=0``; whether it did.
 
     The package's ``__init__`` calls it last. A trainer imports torch_rollout at its top, before anything it
-    runs starts threads; the server forked now stays idle until the first collector with worker processes.
-    Not in a fork server that multiprocessing starts (it imports torch_rollout to preload it), nor in a
-    process that multiprocessing prepares (a spawned child importing the trainer's script again): neither
-    creates collectors.
+    runs starts threads; the server forked now stays idle until the first collector with worker processes
+    (:func:`start_server` hands it to multiprocessing then). Not in a fork server that multiprocessing starts
+    (it imports torch_rollout to preload it), nor in a process that multiprocessing prepares (a spawned
+    child importing the trainer's script again): neither creates collectors.
 
     Raises:
         ValueError: ``TORCH_ROLLOUT_PREFORK`` is set to something other than 0 or 1.
     """
+    global _idle
     value = os.environ.get(PREFORK_VARIABLE, "1").strip()
     if value not in ("0", "1", ""):
         raise ValueError(
@@ -152,11 +171,16 @@ def start_server_at_import() -> bool:
             "starts with the first collector that needs one) or 1 (it is forked now, at import: the default), "
             "or unset it"
         )
-    if value == "0" or _running(forkserver.main.__code__):
+    if value == "0" or _running(forkserver.main.__code__) or not _can_fork():
         return False
     for name in PRELOAD:  # what a worker runs: imported once, before the fork, not once per worker
         importlib.import_module(name)
-    return start_server(at_import=True)
+    server: Any = forkserver._forkserver  # its private fields, which typeshed does not declare
+    with server._lock:
+        if server._forkserver_pid is not None or _idle is not None or not fork_is_safe():
+            return False
+        _idle = _fork_server(at_import=True)
+    return _idle is not None
 
 
 def _running(code: types.CodeType) -> bool:
@@ -169,56 +193,71 @@ def _running(code: types.CodeType) -> bool:
     return False
 
 
-def start_server(*, at_import: bool = False) -> bool:
-    """Starts multiprocessing's fork server by forking this process, if it is not running and the fork is safe.
+def start_server() -> bool:
+    """Makes multiprocessing's fork server one forked from this process, if none runs yet; whether it did.
 
-    Returns whether it did; otherwise the server starts (or runs already) multiprocessing's own way. Call it
-    before anything of the trainer's that the server should not hold a copy of, e.g. shared-memory tensors.
-
-    Args:
-        at_import: called by the package's ``__init__``, as its last statement (see
-            :func:`start_server_at_import`): the package's import is complete, though not yet over.
+    The one forked at import if there is one, else one forked now if the fork is safe; otherwise the server
+    starts (or runs already) multiprocessing's own way. Call it before anything of the trainer's that a server
+    forked now should not hold a copy of, e.g. shared-memory tensors.
     """
-    global _server_pid
-    server: Any = forkserver._forkserver  # its private fields, which typeshed does not declare
+    global _idle, _server_pid
+    if not _can_fork():
+        return False
+    server: Any = forkserver._forkserver
+    with server._lock:
+        forked, _idle = _idle, None
+        if server._forkserver_pid is not None:
+            if forked is not None:  # something else started processes from a forkserver first: its server serves
+                _stop(forked)
+            return False
+        if forked is None:
+            forked = _fork_server(at_import=False) if fork_is_safe() else None
+            if forked is None:
+                return False
+        server._forkserver_address = forked.address
+        server._forkserver_alive_fd = forked.alive_w
+        server._forkserver_pid = _server_pid = forked.pid
+        return True
+
+
+def _can_fork() -> bool:
+    """Whether this Python's fork server is one that this module can fork, in this process."""
+    server: Any = forkserver._forkserver
     if set(vars(server)) not in (_SERVER_FIELDS, _SERVER_FIELDS_WITH_PRELOAD) or not isinstance(_module_locks(), dict):
         return False
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        # A worker importing the trainer's script, which creates a collector outside its main guard: the
-        # start of its workers raises multiprocessing's error about it (no server forked from here, again and again).
-        return False
-    with server._lock:
-        if server._forkserver_pid is not None or not fork_is_safe():
-            return False
-        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # typeshed: private, undeclared
-        with socket.socket(socket.AF_UNIX) as listener:
-            listener.bind(address)
-            if not util.is_abstract_socket_namespace(address):
-                os.chmod(address, 0o600)
-            listener.listen()
-            # Every client holds the write end of the "alive" pipe: the server exits when the last one is gone.
-            alive_r, alive_w = os.pipe()
-            # What is buffered now would be written again by the server's workers.
-            util._flush_std_streams()  # type: ignore[attr-defined]  # typeshed: private, undeclared
-            try:
-                with warnings.catch_warnings():
-                    # Python 3.12+ warns of any second OS thread; the ones fork_is_safe() allows stop for the fork.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    pid = os.fork()
-            except OSError:
-                os.close(alive_r)
-                os.close(alive_w)
-                return False
-            if pid == 0:
-                try:
-                    _serve(listener.fileno(), alive_r, alive_w, at_import=at_import)
-                finally:
-                    os._exit(1)  # never the trainer's atexit handlers or buffers
+    # A worker importing the trainer's script, which creates a collector outside its main guard: the start of
+    # its workers raises multiprocessing's error about it (no server forked from here, again and again).
+    return not getattr(multiprocessing.current_process(), "_inheriting", False)
+
+
+def _fork_server(*, at_import: bool) -> _Forked | None:
+    """Forks a fork server from this process (under multiprocessing's server lock, once it is found safe)."""
+    address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # typeshed: private, undeclared
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        # Every client holds the write end of the "alive" pipe: the server exits when the last one is gone.
+        alive_r, alive_w = os.pipe()
+        # What is buffered now would be written again by the server's workers.
+        util._flush_std_streams()  # type: ignore[attr-defined]  # typeshed: private, undeclared
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of any second OS thread; the ones fork_is_safe() allows stop for the fork.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
             os.close(alive_r)
-        server._forkserver_address = address
-        server._forkserver_alive_fd = alive_w
-        server._forkserver_pid = _server_pid = pid
-        return True
+            os.close(alive_w)
+            return None
+        if pid == 0:
+            try:
+                _serve(listener.fileno(), alive_r, alive_w, at_import=at_import)
+            finally:
+                os._exit(1)  # never the trainer's atexit handlers or buffers
+        os.close(alive_r)
+    return _Forked(address=address, alive_w=alive_w, pid=pid)
 
 
 def _serve(listener_fd: int, alive_r: int, alive_w: int, *, at_import: bool) -> None:
@@ -254,7 +293,7 @@ def _leave_imports(*, at_import: bool) -> None:
     line: they are dropped, with their submodules, so that workers import them whole from their files.
     """
     locks = _module_locks()
-    assert isinstance(locks, dict)  # checked by start_server() before the fork
+    assert isinstance(locks, dict)  # checked by _can_fork() before the fork
     locks.clear()  # later imports take locks of their own
     if not at_import:
         return
@@ -293,35 +332,50 @@ def _forget_server() -> None:
     parent's. The child closes its end of the alive pipe (the server's lifetime stays the parent's) and starts a
     server of its own if it starts workers (multiprocessing checks that its server lives with ``waitpid``,
     which only the parent can call)."""
-    global _server_pid
-    server: Any = forkserver._forkserver
-    if _server_pid is not None and getattr(server, "_forkserver_pid", None) == _server_pid:
-        alive_w = server._forkserver_alive_fd
-        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
-        server._lock = threading.Lock()  # held, maybe, by a thread that the child does not have
+    global _idle, _server_pid
+    forked = _idle or _handed_back()
+    _idle = _server_pid = None
+    if forked is not None:
         try:
-            os.close(alive_w)
+            os.close(forked.alive_w)
         except OSError:
             pass
-    _server_pid = None
+
+
+def _handed_back() -> _Forked | None:
+    """The server forked here that serves as multiprocessing's, taken back from it (its fields cleared)."""
+    server: Any = forkserver._forkserver
+    if _server_pid is None or getattr(server, "_forkserver_pid", None) != _server_pid:
+        return None
+    forked = _Forked(address=server._forkserver_address, alive_w=server._forkserver_alive_fd, pid=_server_pid)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    server._lock = threading.Lock()  # held, maybe, by a thread that a forked child does not have
+    return forked
 
 
 def _stop_server() -> None:
-    """At exit: closes this process's end of the alive pipe, so that its server exits once no worker holds one;
-    waits for a server without workers (it exits at once), so that none is left after this process."""
-    global _server_pid
-    server: Any = forkserver._forkserver
-    pid = _server_pid
-    if pid is None or getattr(server, "_forkserver_pid", None) != pid:
-        return
-    alive_w = server._forkserver_alive_fd
-    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = _server_pid = None
+    """At exit: lets the server forked here go (it exits once no worker holds its alive pipe)."""
+    global _idle, _server_pid
+    forked = _idle or _handed_back()
+    _idle = _server_pid = None
+    if forked is not None:
+        _stop(forked)
+
+
+def _stop(forked: _Forked) -> None:
+    """Closes this process's end of the alive pipe of ``forked``, and waits for it if it has no worker (it exits at
+    once then), so that none is left after this process."""
     try:
-        os.close(alive_w)
+        os.close(forked.alive_w)
     except OSError:
         return
+    if not util.is_abstract_socket_namespace(forked.address):
+        try:
+            os.unlink(forked.address)
+        except OSError:
+            pass
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
+        with open(f"/proc/{forked.pid}/task/{forked.pid}/children") as f:
             if f.read().split():
                 return  # workers of a collector left open: the server exits after them
     except OSError:
@@ -329,7 +383,7 @@ def _stop_server() -> None:
     deadline = time.monotonic() + _EXIT_WAIT
     while time.monotonic() < deadline:
         try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
+            if os.waitpid(forked.pid, os.WNOHANG)[0]:
                 return
         except ChildProcessError:  # reaped already (a SIGCHLD handler, os.wait() of the trainer's)
             return
