@@ -143,18 +143,17 @@ def idle_worker(batches: int) -> dict[str, Any]:
     collects in the thread, with a policy-gradient update per batch; the memory (MiB) of the idle server at the
     start and after ``batches`` batches, and the trainer's then."""
     import gc
-    from multiprocessing import forkserver
 
     import torch
     from torch.distributions import Categorical
 
-    from torch_rollout import Collector
+    from torch_rollout import Collector, _forkserver
 
     from _common import make_policy
 
-    server = forkserver._forkserver._forkserver_pid  # multiprocessing's own record of it
-    if server is None:
+    if _forkserver._idle is None:
         raise RuntimeError("no fork server was forked at the import (TORCH_ROLLOUT_PREFORK=0, or a thread ran)")
+    server = _forkserver._idle.pid
     at_start = _memory(server)
     torch.set_num_threads(1)
     policy = make_policy(0)
