@@ -78,10 +78,6 @@ __all__ = [
     "yaml_scalar",
 ]
 
-# No monitor thread (it only rescales the redraws of a stalled loop): a trainer without threads of its own at
-# the Collector forks the worker processes' server from itself, in a fraction of a second (docs/placements.md).
-tqdm.monitor_interval = 0
-
 
 # ---------------------------------------------------------------------------- config files and overrides
 
