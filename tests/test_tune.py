@@ -1,8 +1,9 @@
 """torch_rollout.tune: a row per placement that applies, a best that builds a working Collector, the thread's
-placements only for a live vector env, worker processes ahead where the env holds the GIL, and the command line.
+placements only for a live vector env, worker processes ahead where the env waits or holds the GIL, and the
+command line.
 
-No test asserts a speed of the machine, except one ordering that a GIL-holding env makes large: two worker
-processes step it about twice as fast as the trainer's thread can.
+No test asserts a speed of the machine, except orderings that the envs make large: two worker processes step
+an env that sleeps, or (given two cores to spare) one that holds the GIL, about twice as fast as the thread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch_rollout._stats import available_cores
 from torch_rollout._tune import MLPPolicy, default_placements, main
 
 from reliability_envs import ConstantPolicy
-from timed_envs import make_busy_envs
+from timed_envs import make_busy_envs, make_slow_envs
 
 ROOT = Path(__file__).resolve().parent.parent
 N, T = 2, 8
@@ -120,6 +121,15 @@ def test_worker_processes_win_on_an_env_that_holds_the_gil(capsys):
     best = tune(envs, ConstantPolicy(), num_envs=2, num_steps=16, seconds=1.5, placements=placements, device="cpu")
     rows = table_rows(capsys.readouterr().out)
     assert best == placements[2], rows
+
+
+def test_worker_processes_win_on_an_env_that_waits():
+    # 2 ms of sleep per env step (the GIL released, little CPU): two workers wait side by side, even on a busy
+    # machine, where the thread's batch waits 64 ms.
+    envs = functools.partial(make_slow_envs, pause=0.002)
+    placements = [{"backend": "thread", "prefetch": 0}, {"backend": Processes(num_workers=2), "prefetch": 1}]
+    best = tune(envs, ConstantPolicy(), num_envs=2, num_steps=16, seconds=1.0, placements=placements, device="cpu")
+    assert best == placements[1]
 
 
 def test_given_placements_and_a_stand_in_update(capsys):
