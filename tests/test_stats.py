@@ -52,7 +52,7 @@ def test_env_time_is_counted_as_env(backend, prefetch):
     assert stats.batches == 3 and stats.frames == 3 * T * N
     # Each of the T vector steps of a batch sleeps N times (no episode ends).
     assert stats.env >= 3 * T * N * PAUSE
-    assert stats.env > 5 * (stats.policy + stats.collector)
+    assert stats.env > 2 * (stats.policy + stats.collector)  # a loaded machine slows the rest too
     assert max(stats.shares(), key=stats.shares().get) == "env"
     assert "env steps took" in stats.verdict()
 
@@ -63,7 +63,7 @@ def test_policy_time_is_counted_as_policy():
         stats = c.stats()
     # A forward per step, and one more per batch for the value of the observations the next batch starts with.
     assert stats.policy >= 3 * (T + 1) * PAUSE
-    assert stats.policy > 5 * (stats.env + stats.collector)
+    assert stats.policy > 2 * (stats.env + stats.collector)  # a loaded machine slows the rest too
     assert "the policy's forward took" in stats.verdict()
 
 
