@@ -28,7 +28,7 @@ PREFORK = "TORCH_ROLLOUT_PREFORK"
 # from the trainer at that import has `wave`, and one forked later has `sched` too; the workers never import
 # either themselves). Its workers' make_envs writes what it sees of its process to facts-<start_index>.json first.
 TRAINER = """
-import functools, json, os, signal, sys, threading, time
+import functools, json, os, signal, sys, threading, time, warnings
 from multiprocessing import forkserver
 from pathlib import Path
 
@@ -36,6 +36,16 @@ import gymnasium
 
 sys.path.insert(0, {tests!r})
 OUT = Path({out!r})
+
+
+class TrainerWarning(UserWarning):  # a category of the trainer's __main__
+    pass
+
+
+def shown(message):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn(message)
+    return len(caught) > 0
 
 
 def make_envs(mode, num_envs, start_index=0):
@@ -48,6 +58,7 @@ def make_envs(mode, num_envs, start_index=0):
         # free: this worker can start processes of its own from a forkserver (an AsyncVectorEnv's, say)
         "forkserver_lock_free": forkserver._forkserver._lock.acquire(timeout=5),
         "environ": os.environ.get("SET_BY_THE_TRAINER"),
+        "warning_shown": shown("a warning that the trainer ignores"),
     }}
     (OUT / f"facts-{{start_index}}.json").write_text(json.dumps(facts))
     print(f"worker {{start_index}} built its envs", flush=True)
@@ -92,6 +103,8 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: (OUT / "trainer-handler-ran").touch())
     read_end, write_end = os.pipe()
     os.environ["SET_BY_THE_TRAINER"] = "after the import"
+    warnings.filterwarnings("ignore", message="a warning that the trainer ignores")
+    warnings.filterwarnings("error", category=TrainerWarning)
     if mode == "threads after the import":  # the threads of wandb.init(), SummaryWriter(), a tqdm bar
         import io
 
@@ -183,6 +196,8 @@ def test_the_server_is_forked_from_the_trainer_only_while_it_is_safe(tmp_path, m
     assert out.count("built its envs") == 4  # two collectors of two workers
     # The environment variables that the trainer set after its server started reach the workers all the same.
     assert [f["environ"] for f in facts] == ["after the import"] * 4
+    # So do its warnings filters, one of a category of its own script among them.
+    assert [f["warning_shown"] for f in facts] == [False] * 4
     # Nothing is left once the trainer has exited: not its server, not a worker.
     assert wait_until(lambda: not any(running(pid) for pid in {server} | {f["pid"] for f in facts}), 10.0)
 

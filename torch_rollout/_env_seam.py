@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDictBase
 from torch import Tensor
 
-__all__ = ["EnvDriver", "StepRecord"]
+__all__ = ["AutoresetMode", "EnvDriver", "StepRecord"]  # the loop names the mode as the seam's type
 
 
 # One value per env of a record: NumPy arrays for the host drivers, tensors on the env's device for the torch one.

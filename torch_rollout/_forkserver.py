@@ -47,6 +47,8 @@ import importlib
 import importlib._bootstrap
 import multiprocessing
 import os
+import pickle
+import re
 import signal
 import socket
 import stat
@@ -108,23 +110,49 @@ def context() -> multiprocessing.context.ForkServerContext | multiprocessing.con
 
 
 class TrainerEnvironment:
-    """The trainer's environment variables, which a worker process takes on as it unpickles this object.
+    """The trainer's environment variables and warnings filters, which a worker process takes on as it
+    unpickles this object.
 
     A server's are those of the moment it started (the trainer's import of torch_rollout, say): a trainer that
-    sets ``MUJOCO_GL=egl`` later, in its ``main()``, has its workers see it all the same. A worker's first
-    argument, so that the modules that unpickling its env recipe and its policy imports see them too.
+    sets ``MUJOCO_GL=egl`` later, in its ``main()``, has its workers see it all the same, and a warning that the
+    trainer ignores (or turns into an error) around ``Collector(...)`` is ignored (or an error) in its workers
+    too. A filter whose category the worker cannot import (a class of the trainer's ``__main__``) is left out.
+    A worker's first argument, so that the modules that unpickling its env recipe and its policy imports see
+    them too.
     """
 
     variables: dict[str, str]
+    filters: list[bytes]  # warnings.filters, each pickled on its own
 
     def __init__(self) -> None:
         self.variables = dict(os.environ)
+        self.filters = []
+        for action, message, category, module, lineno in warnings.filters:
+            # the message and module are compiled patterns, or None, or (where a filter was put in by hand) strings
+            entry = (action, _pattern(message), category, _pattern(module), lineno)
+            try:
+                self.filters.append(pickle.dumps(entry))
+            except Exception:  # a category or pattern that does not pickle: the worker keeps its own
+                continue
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if os.environ != self.variables:
             os.environ.clear()
             os.environ.update(self.variables)
+        filters = []
+        for entry in self.filters:
+            try:
+                filters.append(pickle.loads(entry))
+            except Exception:  # a category this process cannot import
+                continue
+        warnings.resetwarnings()
+        for action, message, category, module, lineno in reversed(filters):  # each inserted at the front
+            warnings.filterwarnings(action, message, category, module, lineno)
+
+
+def _pattern(pattern: re.Pattern[str] | str | None) -> str:
+    return getattr(pattern, "pattern", pattern) or ""
 
 
 def fork_is_safe() -> bool:

@@ -38,13 +38,12 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout._devices import copy_into
-from torch_rollout._env_seam import EnvDriver, StepRecord
+from torch_rollout._env_seam import AutoresetMode, EnvDriver, StepRecord
 from torch_rollout._recurrent import RecurrentState
 from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
