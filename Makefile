@@ -1,7 +1,7 @@
 # `make run` trains the example PPO on CartPole-v1; `make test` checks the code style (ruff) and the annotations
-# (mypy), then runs the test-suite.
-# `make test-quick` leaves out the Ray tests (most of the suite's CPU), for a check before each commit.
-# Both run the float-sensitive test files a second time on other CPU kernels (`make test-kernels`).
+# (mypy), then runs the test-suite but for the Ray tests, and the float-sensitive test files a second time on
+# other CPU kernels (`make test-kernels`).
+# `make test-ray` runs the Ray tests, whose actors each start a fresh interpreter (most of the suite's CPU).
 # `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
@@ -28,7 +28,7 @@ OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1
 SIMS ?= $(basename $(notdir $(wildcard sims/requirements/*.txt)))
 SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 
-.PHONY: run test test-quick test-kernels coverage test-sims lint clean
+.PHONY: run test test-ray test-kernels coverage test-sims lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,12 +41,11 @@ run: $(VENV)/.installed
 	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
 
 test: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
-	$(MAKE) --no-print-directory test-kernels
-
-test-quick: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
 	$(MAKE) --no-print-directory test-kernels
+
+test-ray: $(VENV)/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --only-ray
 
 # The float-sensitive files on the other kernels (without Ray: its actors run the same code as the workers)
 test-kernels: $(VENV)/.installed

@@ -1,5 +1,6 @@
 """Session-wide set-up: fewer combinations on Ray, its local Ray stopped at the end, SIGINT caught, the
-tests shared among pytest-xdist's workers by file, with every Ray test in one worker, and ``--without-ray``."""
+tests shared among pytest-xdist's workers by file, with every Ray test in one worker, ``--without-ray`` and
+``--only-ray``."""
 
 from __future__ import annotations
 
@@ -138,14 +139,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--without-ray",
         action="store_true",
         help="deselect the Ray tests (tests/test_ray.py and every test on the Ray placement), most of the suite's "
-        "CPU: `make test-quick`, a check before each commit; `make test` and CI run them",
+        "CPU: `make test` runs the rest, `make test-ray` these",
+    )
+    parser.addoption(
+        "--only-ray",
+        action="store_true",
+        help="select only the Ray tests, the ones that --without-ray deselects: `make test-ray`",
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--without-ray") and config.getoption("--only-ray"):
+        raise pytest.UsageError("--without-ray and --only-ray select nothing together: give one of them")
     if config.getoption("--without-ray"):
         items[:], ray = without_ray(items)
         config.hook.pytest_deselected(items=ray)
+    elif config.getoption("--only-ray"):
+        rest, items[:] = without_ray(items)
+        config.hook.pytest_deselected(items=rest)
 
 
 def without_ray(items: list[pytest.Item]) -> tuple[list[pytest.Item], list[pytest.Item]]:
