@@ -5,14 +5,10 @@ RslRlVecEnvWrapper and torch_rollout's FromRslRl: rows against what they returne
 from __future__ import annotations
 
 import functools
-import pathlib
 
-import gymnasium as gym
-import isaaclab_tasks  # noqa: F401  (registers the tasks)
-import newton
 import pytest
 from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
-from isaaclab_tasks.utils import resolve_task_config
+from isaaclab_setup import TASKS, cartpole_usd, episode_length_s, make_isaac_env
 
 from torch_rollout import Collector
 from torch_rollout.envs import FromIsaacLab, FromRslRl
@@ -21,42 +17,6 @@ from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_ste
 
 NUM_ENVS, NUM_STEPS = 4, 16
 GAMMA, LAMBDA = 0.99, 0.95
-STEP_S = 2 / 120  # decimation 2 of physics steps of 1/120 s
-
-
-def episode_length_s(steps: int) -> float:
-    """An episode_length_s that Isaac Lab rounds up to ``steps`` env steps."""
-    return (steps - 0.5) * STEP_S
-
-
-def cartpole_usd(folder: pathlib.Path) -> str:
-    """Isaac Lab's cartpole as the newton wheel ships it, with its defaultPrim fixed (it names "cartPole", the prim
-    is "cartpole"): the task's own USD lies on NVIDIA's asset server, which the tests do not reach."""
-    source = pathlib.Path(newton.__file__).parent / "examples" / "assets" / "cartpole_single_pendulum.usda"
-    text = source.read_text()
-    assert 'defaultPrim = "cartPole"' in text, f"{source} changed: check whether the copy still needs its fix"
-    path = folder / "cartpole.usda"
-    path.write_text(text.replace('defaultPrim = "cartPole"', 'defaultPrim = "cartpole"'))
-    return str(path)
-
-
-# Isaac Lab's two kinds of env: DirectRLEnv (flags in reset_terminated, reset_time_outs) and ManagerBasedRLEnv
-# (flags in its termination manager too)
-TASKS = {"direct": "Isaac-Cartpole-Direct", "manager": "Isaac-Cartpole"}
-
-
-def make_isaac_env(kind: str, num_envs: int, usd: str):
-    """Isaac Lab's own env of ``TASKS[kind]`` on Newton/MuJoCo-Warp on Warp's CPU, with final observations."""
-    task = TASKS[kind]
-    cfg, _ = resolve_task_config(task, "", overrides=("physics=newton_mjwarp",))
-    cfg.sim.device = "cpu"
-    cfg.scene.num_envs = num_envs
-    cfg.compute_final_obs = True
-    cfg.seed = 0
-    scene = cfg.scene.cartpole if kind == "direct" else cfg.scene.robot
-    scene.spawn.usd_path = usd
-    cfg.scene.ground = None
-    return gym.make(task, cfg=cfg)
 
 
 @pytest.fixture(scope="module", params=list(TASKS))
