@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
 from tensordict import TensorDict
@@ -138,6 +139,8 @@ class ProcessPlacement(RemotePlacement):
         ctx = context()
         self.weights: dict[str, Tensor] | None = dict(named_weights(acting_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # read and written through NumPy at every batch: no torch op's cost
+        self._ctrl: np.ndarray | None = self.control.numpy()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
         self.slots: list[list[TensorDict] | None] = [None] * num_workers
         self._row_bytes = [0] * num_workers  # each worker's RolloutLoop.min_row_bytes(), from its Ready
@@ -190,17 +193,18 @@ class ProcessPlacement(RemotePlacement):
 
     @property
     def version(self) -> int:
-        return int(self.control[_VERSION]) if self.control is not None else self.final_version
+        return int(self._ctrl[_VERSION]) if self._ctrl is not None else self.final_version
 
     def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
         """Copies ``src`` into the shared copy's ``dst`` and publishes a new version, no worker in a forward pass."""
-        if self.control is None or self._failure is not None:  # closed (the shared copy went with the workers)
+        ctrl = self._ctrl
+        if ctrl is None or self._failure is not None:  # closed (the shared copy went with the workers)
             return
         # Ctrl-C waits: the locks are taken one call at a time, and one left held would stall its worker.
         with sigint_deferred(), ExitStack() as stack:
             if not self._lock_all(stack):
                 return  # a worker died or is stuck: wait() reports it, and no batch comes after it
-            self.control[_VERSION] += 1
+            ctrl[_VERSION] += 1
             if dst:
                 torch._foreach_copy_(dst, src)
 
@@ -353,7 +357,7 @@ class ProcessPlacement(RemotePlacement):
         # Shared memory (file descriptors) and named semaphores (/dev/shm) live until their objects are
         # dropped: not as long as a closed collector that the trainer still holds.
         self.final_version = int(self.control[_VERSION])
-        self.control = None
+        self.control = self._ctrl = None
         self.weights = None  # the shared-memory copy goes with the workers
         self.locks = []
         self.slots = [None] * self.num_workers

@@ -12,13 +12,13 @@ together. On the worker's side, :func:`worker_loop` and
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (typeshed has no stub of it)
 import collections
 import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,6 +33,8 @@ from torch_rollout._messages import Batch, Failed, Ready, Stop
 from torch_rollout._spec import LoopSpec
 
 __all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
+
+_SIGINT = int(signal.SIGINT)
 
 
 class RemotePlacement:
@@ -167,26 +169,38 @@ class RemotePlacement:
         return True
 
 
-@contextmanager
-def sigint_deferred() -> Iterator[None]:
+class sigint_deferred:  # noqa: N801  (a context manager used as a function: `with sigint_deferred():`)
     """Holds Ctrl-C (SIGINT) back until the block ends, then delivers it to the handler it was meant for.
 
     For the consumer's short critical sections, which talk to the workers one
     call at a time: there a KeyboardInterrupt would leave a pipe half-read, a
     worker's lock held or a received batch unrecorded. Signals run their
     handlers in the main thread only, so elsewhere there is nothing to defer.
+    Several of these blocks run at every batch: they swap the handler through
+    ``_signal``, the C functions beneath ``signal.signal``, whose conversions of
+    every argument and result to enums cost more than the swap itself.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # (None: a handler installed outside Python, which could not be put back)
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            signal.raise_signal(signal.SIGINT)
+
+    __slots__ = ("caught", "previous")
+
+    def __enter__(self) -> None:
+        self.caught, self.previous = False, None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = _signal.getsignal(_SIGINT)
+        if previous is None:  # a handler installed outside Python, which could not be put back
+            return
+        self.previous = previous
+        _signal.signal(_SIGINT, self._catch)
+
+    def _catch(self, signum: int, frame: Any) -> None:
+        self.caught = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous is not None:
+            _signal.signal(_SIGINT, self.previous)
+            if self.caught:
+                _signal.raise_signal(_SIGINT)
 
 
 # -- the worker's side ----------------------------------------------------------------------------
