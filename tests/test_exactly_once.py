@@ -210,17 +210,23 @@ def replace_weights(policy: LayerPolicy, how: str) -> None:
 
 @pytest.mark.ray(how=("load_state_dict-assign",))
 @pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("how", ["load_state_dict-assign", "new-submodule", "new-parameter", "new-shape"])
+@pytest.mark.parametrize(
+    "how", ["load_state_dict-assign", "new-submodule", "new-parameter", "new-shape", "new-shape-same-parameter"]
+)
 def test_replaced_policy_parameters_are_followed_or_named(how, placement):
     """The acting copy (prefetch >= 1, worker processes) must follow tensors the trainer replaced, not the ones
-    it had at first."""
+    it had at first, at any refresh (the collector walks the policy's modules again only when they changed)."""
     policy = LayerPolicy()
     envs, extra = envs_for(placement, FAULTY, 2)
     options = dict(num_steps=4, device="cpu", prefetch=1, timeout=TIMEOUT, **placement, **extra)
     with Collector(envs, policy, **options) as collector:
         next(collector)
-        if how == "new-shape":  # a copy cannot follow that: say which parameter
-            policy.layer = nn.Linear(2, 1)
+        next(collector)  # a refresh of the same policy, as at most batches
+        if how.startswith("new-shape"):  # a copy cannot follow that: say which parameter
+            if how == "new-shape":
+                policy.layer = nn.Linear(2, 1)
+            else:  # the same Parameter object, with a tensor of another shape in it
+                policy.layer.weight.data = torch.zeros(1, 2)
             message = (
                 "Collector: the policy's parameter 'layer.weight' now has shape (1, 2), but the collector's copy of "
                 f"the policy ({copy_reason(placement, 1)[0]}) has shape (1, 1); the copy follows replaced parameters "

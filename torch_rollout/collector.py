@@ -27,7 +27,7 @@ from torch_rollout._seed import Seed, resolve_seed, seed_step
 from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
 from torch_rollout._stats import Setting, Stats, StatsClock, available_cores
 from torch_rollout._warnings import warn
-from torch_rollout._weights import weight_pairs
+from torch_rollout._weights import WeightPairs
 from torch_rollout.gae import GAE, add_advantages
 
 __all__ = ["Collector"]
@@ -249,7 +249,7 @@ class Collector:
         self.timeout = timeout
         self.gae = gae
         self.keys = keys
-        self._copy_reason = chosen.copy_reason(prefetch)[0]
+        self._weight_pairs = WeightPairs(chosen.copy_reason(prefetch)[0])
         self._placement: Placement = chosen.build(
             envs,
             policy,
@@ -440,7 +440,7 @@ class Collector:
         Called automatically each time the next batch is requested. Call it
         yourself after an update that happens in the middle of an iteration.
         """
-        dst, src = weight_pairs(self.policy, self._placement.weights, self._copy_reason)
+        dst, src = self._weight_pairs(self.policy, self._placement.weights)
         with torch.no_grad():
             self._placement.refresh(dst, src)
 
@@ -517,6 +517,7 @@ class Collector:
         self.closed = True
         _release(self._driven, self)
         stuck = self._placement.close(join_timeout)
+        self._weight_pairs.forget()  # it holds the acting copy's tensors
         if stuck is not None:
             when = "at interpreter exit " if at_exit else ""
             warn(
