@@ -127,6 +127,26 @@ def test_workers_send_their_accounts(placement):
     assert stats.setting.backend == ("ray" if on_ray(placement) else "process") and stats.setting.num_workers == 2
 
 
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_each_loops_account_adds_up_to_the_wall_time(placement):
+    """Every collection loop accounts for its whole time since the collector started: its env, policy, own work
+    and idle seconds add up to the wall time, less what a worker has not reported yet (the batch it collects
+    ahead, whose account comes with it)."""
+    if on_ray(placement):
+        local_ray()
+    batches = 30
+    with collector(env_pause=PAUSE / 4, prefetch=1, **placement) as c:
+        take(c, batches, pause=0.01)
+        stats = c.stats()
+    assert stats.workers, "no loop reported its account"
+    for worker in stats.workers:
+        collected = worker.frames // (T * N // len(stats.workers))
+        per_batch = (worker.env + worker.policy + worker.collector) / collected
+        # within 5% (a worker's clock starts a little before the trainer's: it reports ready once its loop is built)
+        assert 0.95 * stats.seconds - per_batch <= worker.seconds <= 1.05 * stats.seconds, (stats, worker)
+
+
 def test_stats_pickle_and_print_in_one_line():
     with collector(env_pause=PAUSE) as c:
         take(c, 2)
