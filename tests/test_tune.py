@@ -186,7 +186,7 @@ def test_every_placement_refused_raises_the_collectors_error():
     "kwargs,error,message",
     [
         ({"num_steps": T}, ValueError, "tune: num_envs is required with an env id or a function"),
-        ({"num_steps": 0, "num_envs": N}, ValueError, "tune: num_steps must be an int >= 1, got int 0"),
+        ({"num_steps": 0, "num_envs": N}, ValueError, "tune: num_steps must be an int >= 1, got 0"),
         (
             {"num_steps": T, "num_envs": N, "seconds": 0},
             ValueError,

@@ -152,7 +152,9 @@ class TrainerEnvironment:
 
 
 def _pattern(pattern: re.Pattern[str] | str | None) -> str:
-    return getattr(pattern, "pattern", pattern) or ""
+    if isinstance(pattern, re.Pattern):
+        return pattern.pattern
+    return pattern or ""
 
 
 def fork_is_safe() -> bool:

@@ -33,7 +33,7 @@ from torch_rollout._envs import build_envs
 from torch_rollout._forkserver import start_server
 from torch_rollout._placement import Processes
 from torch_rollout._stats import Stats, available_cores
-from torch_rollout.collector import Collector
+from torch_rollout.collector import Collector, _check_int, _resolve_num_envs
 
 __all__ = ["MLPPolicy", "default_placements", "main", "tune"]
 
@@ -330,32 +330,18 @@ def _default_policy(envs: Any, num_envs: int) -> nn.Module:
 
 def _check_arguments(envs: Any, num_steps: Any, num_envs: Any, seconds: Any, train_seconds: Any) -> int:
     """Refuses arguments of the wrong type or range, naming the fix; returns the number of envs."""
-    _check_int("num_steps", num_steps)
-    if isinstance(envs, VectorEnv):
-        if num_envs is not None and num_envs != envs.num_envs:
-            raise ValueError(
-                f"tune: num_envs={num_envs!r} but the given vector env has num_envs={envs.num_envs}; pass num_envs "
-                "only with an env id or a make_envs function"
-            )
-        num_envs = envs.num_envs
-    elif not isinstance(envs, str) and not callable(envs):
+    _check_int("num_steps", num_steps, minimum=1, who="tune")
+    if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
         raise TypeError(
             f"tune: envs must be a gymnasium.vector.VectorEnv, an env id str or a function make_envs(num_envs), "
             f"got {type(envs).__name__} {envs!r}"
         )
-    elif num_envs is None:
-        raise ValueError(f"tune: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
-    _check_int("num_envs", num_envs)
+    num_envs = _resolve_num_envs(envs, num_envs, who="tune")
     for name, value, minimum in (("seconds", seconds, "> 0"), ("train_seconds", train_seconds, ">= 0")):
         number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not number or not (value > 0 if minimum == "> 0" else value >= 0):
             raise ValueError(f"tune: {name} must be a finite number {minimum} of seconds, got {value!r}")
-    return int(num_envs)
-
-
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"tune: {name} must be an int >= 1, got {type(value).__name__} {value!r}")
+    return num_envs
 
 
 def _check_placements(placements: Any) -> list[Mapping[str, Any]]:

@@ -640,20 +640,21 @@ def _check_shares(envs: Any, num_envs: int, num_workers: int) -> None:
         check_shares(split_envs(num_envs, num_workers))
 
 
-def _resolve_num_envs(envs: Any, num_envs: Any) -> int:
-    """The number of envs: a live vector env's own (``num_envs`` must agree), else ``num_envs``, required."""
+def _resolve_num_envs(envs: Any, num_envs: Any, *, who: str = "Collector") -> int:
+    """The number of envs: a live vector env's own (``num_envs`` must agree), else ``num_envs``, required.
+
+    ``who``: the call the errors name (``Collector``, ``tune``).
+    """
     if isinstance(envs, VectorEnv):
         if num_envs is not None and num_envs != envs.num_envs:
             raise ValueError(
-                f"Collector: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
+                f"{who}: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
                 "pass num_envs only with an env id or a make_envs function"
             )
         num_envs = envs.num_envs
     elif num_envs is None:
-        raise ValueError(
-            f"Collector: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8"
-        )
-    _check_int("num_envs", num_envs, minimum=1)
+        raise ValueError(f"{who}: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
+    _check_int("num_envs", num_envs, minimum=1, who=who)
     return num_envs
 
 
@@ -697,11 +698,11 @@ def _check_available(device: torch.device, given: Any) -> None:
         )
 
 
-def _check_int(name: str, x: Any, *, minimum: int) -> None:
+def _check_int(name: str, x: Any, *, minimum: int, who: str = "Collector") -> None:
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"Collector: {name} must be an int >= {minimum}, got {type(x).__name__} {x!r}")
+        raise TypeError(f"{who}: {name} must be an int >= {minimum}, got {type(x).__name__} {x!r}")
     if x < minimum:
-        raise ValueError(f"Collector: {name} must be an int >= {minimum}, got {x}")
+        raise ValueError(f"{who}: {name} must be an int >= {minimum}, got {x}")
 
 
 # Keys of the batch and of a recurrent policy's call: initial_state's entries cannot use them (nor obs_key).
