@@ -130,15 +130,15 @@ class WeightPairs:
     def _members(self) -> list[object]:
         members: list[object] = []
         for module in self.modules:
-            # each dict's length first: an entry added to one and removed from the next cannot cancel out
             for entries in (module._modules, module._parameters, module._buffers):
-                members.append(len(entries))
+                members.append(entries)
                 members.extend(entries.values())
         return members
 
     def _unchanged(self) -> bool:
         members, known = self._members(), self.members
-        # by identity: the objects are held here, so no new one can take the id of one that went
+        # by identity (the objects are held here, so no new one can take the id of one that went), each dict
+        # before its entries: an entry added to one and removed from the next cannot cancel out
         if len(members) != len(known) or not all(map(operator.is_, members, known)):
             return False
         return all(tensor.shape == shape for tensor, shape in zip(self.pairs[1], self.shapes))
