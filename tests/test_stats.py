@@ -228,3 +228,19 @@ def test_verdict_offers_a_gpu_only_where_there_is_one():
 def test_a_live_env_is_pointed_to_a_recipe_for_worker_processes():
     verdict = _stats(_setting(live_envs=True)).verdict()
     assert "make_envs(num_envs)" in verdict
+
+
+def test_a_trainer_bound_run_on_the_thread_is_pointed_to_a_worker_process_where_the_thread_was_busy():
+    # SAC's shape: the trainer hardly waits, the collector's thread is busy 8% of the time beside it
+    def trainer_bound(setting, env=0.3, policy=0.4):
+        return _stats(setting, env=env, policy=policy, collector=0.1, idle=9.2, wait=0.1).verdict()
+
+    on_the_thread = trainer_bound(_setting(prefetch=1))
+    assert on_the_thread.startswith("training bounds the run")
+    assert "busy 8% of the time" in on_the_thread and "Processes(num_workers=1)" in on_the_thread
+    # not where the thread hardly ran, where it is not beside the trainer, nor where it cannot move
+    assert "Processes(" not in trainer_bound(_setting(prefetch=1), env=0.05, policy=0.05)
+    assert "Processes(" not in trainer_bound(_setting(prefetch=0))
+    assert "Processes(" not in trainer_bound(_setting(prefetch=1, live_envs=True))
+    assert "Processes(" not in trainer_bound(_setting(prefetch=1, cores=1))
+    assert "Processes(" not in trainer_bound(_setting(backend="process", prefetch=1))

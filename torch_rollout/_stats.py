@@ -91,6 +91,10 @@ def available_cores() -> int:
 
 # The verdict's thresholds: below this share of its time waiting in next(), the trainer bounds the run.
 _TRAINER_BOUND = 0.10
+# A trainer-bound run on the collector's thread is pointed to a worker process when the thread was busy at least
+# this share of the time (SAC on Pendulum with 4 envs: 8%, and 0.94x a hand-written loop against 1.01x in a
+# worker process, benchmarks/sac_e2e.py)
+_GIL_SHARE = 0.03
 _SHARE_KEYS = ("env", "policy", "collector")
 _PHASES = {"env": "env steps", "policy": "the policy's forward", "collector": "the collector's own work"}
 
@@ -153,10 +157,11 @@ class Stats:
             return "no batch delivered yet: nothing to judge"
         waiting = self.wait / self.seconds
         if waiting < _TRAINER_BOUND:
-            return (
+            found = (
                 f"training bounds the run: the trainer waited for batches {_pct(waiting)} of the time, so faster "
                 "collection (more envs or workers) would gain at most that; make the update faster"
             )
+            return found + self._gil_lever()
         busy = {key: getattr(self, key) for key in _SHARE_KEYS}
         collecting = sum(busy.values())
         if collecting <= 0:
@@ -171,6 +176,20 @@ class Stats:
         if not levers:
             return f"{found}: none of the collector's settings is to blame; please report it with this line"
         return f"{found}: try " + "; or ".join(levers) + (f" ({note})" if note else "")
+
+    def _gil_lever(self) -> str:
+        """For a trainer-bound run on the collector's thread: the thread's Python takes turns on the GIL with the
+        trainer's (an update of many small ops waits at each of them), so a worker process can make the update
+        itself faster, by the thread's busy share at most."""
+        s = self.setting
+        busy = (self.env + self.policy + sum(w.collector for w in self.workers)) / self.seconds
+        if s.backend != "thread" or s.prefetch < 1 or s.live_envs or s.cores < 2 or busy < _GIL_SHARE:
+            return ""
+        return (
+            f"; the collector's thread was busy {_pct(busy)} of the time in this process, taking turns on the GIL "
+            "with the update: backend=torch_rollout.Processes(num_workers=1) collects beside it in a process of "
+            "its own"
+        )
 
     def _workers_lever(self) -> tuple[str | None, str | None]:
         """More worker processes (or Ray actors) where the cores allow (every phase of the loop runs in each); else
