@@ -1,6 +1,6 @@
 """SAC on top of torch_rollout, read top to bottom: config, agent, replay buffer, then the collector and the updates.
 
-The collector steps the envs and acts with the actor in a background thread (or a worker process) while this script
+The collector steps the envs and acts with the actor in a worker process (or a background thread) while this script
 runs gradient steps; each small batch of T steps per env goes into a replay buffer on the device with its true next
 observations (`BatchKeys(next_obs=True)`: the final observation at an episode end, never the reset one). Each run
 writes progress.csv and config.yaml into its run folder; config files, `--help` and the log are common.py's.
@@ -10,7 +10,7 @@ Usage::
     python examples/sac.py --help                          # every config key, its default and meaning
     python examples/sac.py                                 # Pendulum-v1, configs/sac_pendulum.yaml
     python examples/sac.py seed=2 total_timesteps=50000    # key=value overrides
-    python examples/sac.py backend=process                 # collect in one worker process instead
+    python examples/sac.py backend=thread                  # collect in a thread of this process instead
     python examples/sac.py --config configs/sac_pendulum_torch.yaml   # 1,024 torch envs, T=1 (FastTD3's shape)
 """
 
