@@ -36,8 +36,8 @@ def test_the_collected_tests_go_to_the_ray_group_exactly_when_they_run_on_ray(re
     assert wrong == []
 
 
-@pytest.mark.parametrize("without_ray", [True, False])
-def test_without_ray_deselects_the_ray_group_and_keeps_the_order_of_the_rest(without_ray):
+@pytest.mark.parametrize("option", ["--without-ray", "--only-ray", None])
+def test_without_ray_and_only_ray_split_the_items_keeping_their_order(option):
     ids = [
         "tests/test_x.py::test_y[thread]",
         "tests/test_x.py::test_y[ray2]",
@@ -48,12 +48,20 @@ def test_without_ray_deselects_the_ray_group_and_keeps_the_order_of_the_rest(wit
     items = [SimpleNamespace(nodeid=nodeid) for nodeid in ids]
     deselected = []
     config = SimpleNamespace(
-        getoption=lambda name: {"--without-ray": without_ray}[name],
+        getoption=lambda name: name == option,
         hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
     )
     pytest_collection_modifyitems(config, items)
-    if without_ray:
-        assert [item.nodeid for item in items] == [ids[0], ids[4]]
-        assert [item.nodeid for item in deselected] == ids[1:4]
+    ray, rest = ids[1:4], [ids[0], ids[4]]
+    if option == "--without-ray":
+        assert [item.nodeid for item in items] == rest and [item.nodeid for item in deselected] == ray
+    elif option == "--only-ray":
+        assert [item.nodeid for item in items] == ray and [item.nodeid for item in deselected] == rest
     else:
         assert [item.nodeid for item in items] == ids and deselected == []
+
+
+def test_without_ray_and_only_ray_together_are_refused():
+    config = SimpleNamespace(getoption=lambda name: True, hook=None)
+    with pytest.raises(pytest.UsageError, match="--without-ray and --only-ray select nothing together"):
+        pytest_collection_modifyitems(config, [])
