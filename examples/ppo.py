@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 import sys
 import time
@@ -114,13 +113,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
 
 
 def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None) -> gym.vector.VectorEnv:
-    """The env_recipe's vector env, a vector env of torch tensors on the agent's device (env_id torch_rollout/...),
-    or gymnasium's NumPy envs with the config's wrappers (common.gym_envs); `training=False` (--eval) leaves
-    rewards raw."""
+    """The env_recipe's envs, a vector env of torch tensors on the agent's device (env_id torch_rollout/...), or
+    gymnasium's NumPy envs with the config's wrappers (common.gym_envs); `training=False` (--eval): raw rewards."""
     if cfg.env_recipe is not None:  # e.g. sims/isaaclab_setup.py's Isaac Lab envs
         common.check_numpy_only(cfg, video)
-        module, _, function = cfg.env_recipe.partition(":")
-        return getattr(importlib.import_module(module), function)(num_envs, seed=cfg.seed)
+        return common.recipe(cfg.env_recipe)(num_envs, seed=cfg.seed)
     if cfg.env_id.startswith("torch_rollout/"):
         common.check_numpy_only(cfg, video)
         return gym.make_vec(cfg.env_id, num_envs=num_envs, device=common.agent_device(cfg.device))
@@ -135,9 +132,6 @@ def layer(in_features: int, out_features: int, std: float = math.sqrt(2)) -> nn.
     return linear
 
 
-ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU}
-
-
 class Agent(nn.Module):
     """Actor-critic MLP: Categorical for Discrete actions, diagonal Gaussian for Box; with obs_group, it reads that
     group of a Dict observation."""
@@ -145,11 +139,8 @@ class Agent(nn.Module):
     def __init__(self, obs_space: gym.spaces.Space, action_space: gym.spaces.Space, cfg: Config) -> None:
         super().__init__()
         self.group = cfg.obs_group
-        if self.group is not None:
-            obs_space = obs_space[self.group]
-        if cfg.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation={cfg.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        obs_dim, h, act = int(np.prod(obs_space.shape)), cfg.hidden_size, ACTIVATIONS[cfg.activation]
+        obs_space = obs_space if self.group is None else obs_space[self.group]
+        obs_dim, h, act = int(np.prod(obs_space.shape)), cfg.hidden_size, common.activation(cfg.activation)
         self.continuous = isinstance(action_space, gym.spaces.Box)
         if self.continuous:
             out_dim = int(np.prod(action_space.shape))
@@ -293,10 +284,9 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
         for iteration, batch in run.iterate(collector):  # batch: TensorDict [T, N]
             run.log_episodes(batch)  # the returns of the episodes that ended in it, for the mean return
 
-            if cfg.desired_kl is None:
-                lr = cfg.learning_rate * (1 - (iteration - 1) / run.num_iterations) if cfg.anneal_lr else cfg.learning_rate
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
+            lr = cfg.learning_rate * (1 - (iteration - 1) / run.num_iterations) if cfg.anneal_lr else cfg.learning_rate
+            for group in optimizer.param_groups:
+                group["lr"] = lr if cfg.desired_kl is None else group["lr"]  # desired_kl: update() adapts it
 
             # mask is False on NEXT_STEP reset rows: they are not transitions, the loss leaves them out
             data = batch.select("obs", "action", "log_prob", "value", "advantage", "return", "mask")
@@ -344,7 +334,7 @@ def update(
                 clip_frac += ((ratio - 1).abs() > cfg.clip_coef).float().mean()
                 updates += 1
             if cfg.desired_kl is not None:
-                adapt_learning_rate(optimizer, common.mean_over_ranks(approx_kl).item(), cfg.desired_kl)
+                common.adapt_learning_rate(optimizer, common.mean_over_ranks(approx_kl).item(), cfg.desired_kl)
 
             adv = mb["advantage"]
             if cfg.norm_adv and adv.numel() > 1:
@@ -371,18 +361,6 @@ def update(
     losses = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_loss, "approx_kl": approx_kl}
     losses = {f"losses/{key}": value.item() for key, value in losses.items()}
     return {**losses, "losses/clip_frac": clip_frac.item() / updates, "losses/explained_variance": explained_var.item()}
-
-
-def adapt_learning_rate(optimizer: torch.optim.Optimizer, kl: float, desired_kl: float) -> None:
-    """rsl_rl's "adaptive" schedule: the step size shrinks by 1.5 where the KL to the weights that acted is over
-    twice desired_kl, and grows by 1.5 where it is under half of it, within [1e-5, 1e-2]."""
-    lr = optimizer.param_groups[0]["lr"]
-    if kl > 2 * desired_kl:
-        lr = max(1e-5, lr / 1.5)
-    elif 0 < kl < desired_kl / 2:
-        lr = min(1e-2, lr * 1.5)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> tuple[float, float]:

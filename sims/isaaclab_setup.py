@@ -19,7 +19,16 @@ from isaaclab_tasks.utils import resolve_task_config
 
 from torch_rollout.envs import FromIsaacLab
 
-__all__ = ["STEP_S", "TASKS", "RandomEpisodeStarts", "cartpole_direct", "cartpole_usd", "episode_length_s", "make_isaac_env", "task_config"]
+__all__ = [
+    "STEP_S",
+    "TASKS",
+    "RandomEpisodeStarts",
+    "cartpole_direct",
+    "cartpole_usd",
+    "episode_length_s",
+    "make_isaac_env",
+    "task_config",
+]
 
 # Isaac Lab's two kinds of env: DirectRLEnv (flags in reset_terminated, reset_time_outs) and ManagerBasedRLEnv
 # (flags in its termination manager too)
