@@ -262,6 +262,39 @@ def placement(backend: str, num_workers: int) -> str | Processes | Ray:
     return backend
 
 
+def recipe(path: str) -> Callable[..., Any]:
+    """The function that a config's "module:function" names, e.g. an env recipe."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(
+            f"{path!r} names no function that can be imported ({error}); give it as module:function"
+        ) from error
+
+
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU}
+
+
+def activation(name: str) -> type[nn.Module]:
+    """The hidden layers' activation of a config's name."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"activation={name!r}: choose one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def adapt_learning_rate(optimizer: torch.optim.Optimizer, kl: float, desired_kl: float) -> None:
+    """rsl_rl's "adaptive" schedule, after each minibatch: the step size shrinks by 1.5 where the KL to the weights
+    that acted is over twice desired_kl, and grows by 1.5 where it is under half of it, within [1e-5, 1e-2]."""
+    lr = optimizer.param_groups[0]["lr"]
+    if kl > 2 * desired_kl:
+        lr = max(1e-5, lr / 1.5)
+    elif 0 < kl < desired_kl / 2:
+        lr = min(1e-2, lr * 1.5)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def agent_device(device: str | None) -> torch.device:
     """Where the agent, the batches (and a torch-tensor env) live: `device`, or None: cuda if available."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -11,6 +11,7 @@ Usage::
     python examples/ppo.py seed=2 total_timesteps=100000     # key=value overrides
     python examples/ppo.py --config configs/ppo_halfcheetah.yaml
     python examples/ppo.py --config configs/ppo_cartpole_novel_lstm.yaml   # an LSTM on CartPole without velocities
+    python examples/ppo.py --config configs/ppo_isaac_cartpole.yaml   # Isaac Lab's cartpole (in Isaac Lab's venv)
     python examples/ppo.py track_tensorboard=true            # then: tensorboard --logdir runs
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt
     python examples/ppo.py --eval runs/ppo_CartPole-v1_seed1/checkpoint.pt capture_video=true   # into .../videos
@@ -58,6 +59,8 @@ class Config:
 
     # environments
     env_id: str = "CartPole-v1"  # any gymnasium id with a flat Box observation space
+    env_recipe: str | None = None  # "module:function" building the envs as function(num_envs, seed=seed) instead
+    obs_group: str | None = None  # the group of a Dict observation that actor and critic read, e.g. "policy"
     num_envs: int = 4  # parallel envs (N) in one gymnasium SyncVectorEnv
     normalize_obs: bool = False  # NormalizeObservation; its statistics go into the checkpoint
     clip_obs: float | None = None  # clip normalised observations to [-clip_obs, clip_obs]
@@ -86,15 +89,18 @@ class Config:
     vf_coef: float = 0.5  # value loss weight
     max_grad_norm: float = 0.5  # global gradient-norm clip
     target_kl: float | None = None  # stop the epochs early once approx-KL exceeds this; None: never
+    desired_kl: float | None = None  # adapt the learning rate per minibatch to keep approx-KL near this (rsl_rl's)
 
     # the agent
-    hidden_size: int = 64  # width of the two tanh layers of actor and critic
+    hidden_size: int = 64  # width of the two hidden layers of actor and critic
+    activation: str = "tanh"  # of the hidden layers: "tanh" (CleanRL's) or "elu" (rsl_rl's)
     lstm_size: int = 0  # > 0: an LSTM of this width beneath actor and critic (a recurrent policy); 0: MLP only
     bptt_steps: int = 8  # with an LSTM: minibatches of sequences of this many steps, replayed from the stored state
     init_log_std: float = 0.0  # initial log-std of the Gaussian policy (Box actions only)
 
     # logging, checkpoints and evaluation
     return_window: int = 20  # episodes in the reported mean return
+    stop_return: float | None = None  # end the run at the first batch whose mean return reaches this; None: never
     checkpoint_every: int = 10  # iterations between checkpoints that --resume carries on from; 0: only at the end
     eval_episodes: int = 10  # deterministic episodes run by --eval
     track_tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder
@@ -107,8 +113,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
 
 
 def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None) -> gym.vector.VectorEnv:
-    """A vector env of torch tensors on the agent's device (env_id torch_rollout/...), or gymnasium's NumPy envs
-    with the config's wrappers (common.gym_envs); `training=False` (--eval) leaves rewards raw."""
+    """The env_recipe's envs, a vector env of torch tensors on the agent's device (env_id torch_rollout/...), or
+    gymnasium's NumPy envs with the config's wrappers (common.gym_envs); `training=False` (--eval): raw rewards."""
+    if cfg.env_recipe is not None:  # e.g. sims/isaaclab_setup.py's Isaac Lab envs
+        common.check_numpy_only(cfg, video)
+        return common.recipe(cfg.env_recipe)(num_envs, seed=cfg.seed)
     if cfg.env_id.startswith("torch_rollout/"):
         common.check_numpy_only(cfg, video)
         return gym.make_vec(cfg.env_id, num_envs=num_envs, device=common.agent_device(cfg.device))
@@ -124,11 +133,14 @@ def layer(in_features: int, out_features: int, std: float = math.sqrt(2)) -> nn.
 
 
 class Agent(nn.Module):
-    """Actor-critic MLP: Categorical for Discrete actions, diagonal Gaussian for Box."""
+    """Actor-critic MLP: Categorical for Discrete actions, diagonal Gaussian for Box; with obs_group, it reads that
+    group of a Dict observation."""
 
-    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> None:
+    def __init__(self, obs_space: gym.spaces.Space, action_space: gym.spaces.Space, cfg: Config) -> None:
         super().__init__()
-        obs_dim, h = int(np.prod(obs_space.shape)), cfg.hidden_size
+        self.group = cfg.obs_group
+        obs_space = obs_space if self.group is None else obs_space[self.group]
+        obs_dim, h, act = int(np.prod(obs_space.shape)), cfg.hidden_size, common.activation(cfg.activation)
         self.continuous = isinstance(action_space, gym.spaces.Box)
         if self.continuous:
             out_dim = int(np.prod(action_space.shape))
@@ -139,8 +151,12 @@ class Agent(nn.Module):
         else:
             raise TypeError(f"Agent supports Discrete and Box action spaces, got {action_space}")
         # a small last-layer gain keeps the initial policy near uniform / zero-mean
-        self.actor = nn.Sequential(layer(obs_dim, h), nn.Tanh(), layer(h, h), nn.Tanh(), layer(h, out_dim, 0.01))
-        self.critic = nn.Sequential(layer(obs_dim, h), nn.Tanh(), layer(h, h), nn.Tanh(), layer(h, 1, 1.0))
+        self.actor = nn.Sequential(layer(obs_dim, h), act(), layer(h, h), act(), layer(h, out_dim, 0.01))
+        self.critic = nn.Sequential(layer(obs_dim, h), act(), layer(h, h), act(), layer(h, 1, 1.0))
+
+    def inputs(self, obs: Any) -> torch.Tensor:
+        """What the heads read: the observation [N, obs_dim], or its obs_group of a Dict observation."""
+        return obs if self.group is None else obs[self.group]
 
     def dist(self, obs: torch.Tensor) -> Distribution:
         out = self.actor(obs)
@@ -150,17 +166,19 @@ class Agent(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """The collector's policy: samples actions for obs [N, obs_dim]."""
+        obs = self.inputs(obs)
         dist = self.dist(obs)
         action = dist.sample()  # [N] int64 or [N, act_dim]; the collector clips Box actions for the env
         return {"action": action, "log_prob": dist.log_prob(action), "value": self.critic(obs).squeeze(-1)}
 
     def evaluate(self, mb: TensorDict) -> tuple[torch.Tensor, ...]:
         """log_prob, entropy and value of the minibatch's actions under the current weights, for the loss."""
-        dist = self.dist(mb["obs"])
-        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(mb["obs"]).squeeze(-1)
+        obs = self.inputs(mb["obs"])
+        dist = self.dist(obs)
+        return dist.log_prob(mb["action"]), dist.entropy(), self.critic(obs).squeeze(-1)
 
     def act_deterministic(self, obs: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
-        dist = self.dist(obs)
+        dist = self.dist(self.inputs(obs))
         return (dist.mean if self.continuous else dist.logits.argmax(-1)), None
 
 
@@ -169,6 +187,8 @@ class RecurrentAgent(Agent):
     stores per row the state that went into the step, from which `evaluate` replays sequences (truncated BPTT)."""
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.spaces.Space, cfg: Config) -> None:
+        if cfg.obs_group is not None:
+            raise ConfigError(f"obs_group={cfg.obs_group!r} needs lstm_size=0: the LSTM reads a flat observation")
         super().__init__(gym.spaces.Box(-1.0, 1.0, (cfg.lstm_size,)), action_space, cfg)  # heads read the LSTM
         self.lstm = nn.LSTMCell(int(np.prod(obs_space.shape)), cfg.lstm_size)
         for name, param in self.lstm.named_parameters():
@@ -266,7 +286,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
 
             lr = cfg.learning_rate * (1 - (iteration - 1) / run.num_iterations) if cfg.anneal_lr else cfg.learning_rate
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr if cfg.desired_kl is None else group["lr"]  # desired_kl: update() adapts it
 
             # mask is False on NEXT_STEP reset rows: they are not transitions, the loss leaves them out
             data = batch.select("obs", "action", "log_prob", "value", "advantage", "return", "mask")
@@ -279,7 +299,10 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
             update_s = time.perf_counter() - update_start
             # rows collected by weights older than the ones just trained (1 with prefetch=1)
             lag = collector.policy_version - int(batch["policy_version"].min())
+            lr = optimizer.param_groups[0]["lr"]  # with desired_kl, as update() left it
             run.log({"charts/learning_rate": lr, "charts/policy_lag": lag, "time/update_s": update_s, **stats})
+            if cfg.stop_return is not None and run.recent.mean >= cfg.stop_return:
+                break
     if cfg.backend == "thread":
         envs.close()
     # the last checkpoint and the plot; with capture_video, an evaluation episode of the final weights, to watch
@@ -310,6 +333,8 @@ def update(
                 approx_kl = ((ratio - 1) - log_ratio).mean()  # k3 estimator: unbiased, >= 0
                 clip_frac += ((ratio - 1).abs() > cfg.clip_coef).float().mean()
                 updates += 1
+            if cfg.desired_kl is not None:
+                common.adapt_learning_rate(optimizer, common.mean_over_ranks(approx_kl).item(), cfg.desired_kl)
 
             adv = mb["advantage"]
             if cfg.norm_adv and adv.numel() > 1:

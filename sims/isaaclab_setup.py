@@ -2,7 +2,8 @@
 Newton/MuJoCo-Warp on Warp's CPU device, as the integration tests and the benchmarks build them.
 
 Run in Isaac Lab's venv (sims/build.sh), with the checkout on PYTHONPATH. ``make_isaac_env("direct", 256)`` is
-``gym.make("Isaac-Cartpole-Direct", cfg=...)`` with ``cfg.compute_final_obs = True``.
+``gym.make("Isaac-Cartpole-Direct", cfg=...)`` with ``cfg.compute_final_obs = True``; ``cartpole_direct`` is
+that env as examples/ppo.py's env_recipe builds it (``env_recipe: sims.isaaclab_setup:cartpole_direct``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,21 @@ import tempfile
 import gymnasium as gym
 import isaaclab_tasks  # noqa: F401  (registers the tasks)
 import newton
+import torch
 from isaaclab_tasks.utils import resolve_task_config
 
-__all__ = ["STEP_S", "TASKS", "cartpole_usd", "episode_length_s", "make_isaac_env", "task_config"]
+from torch_rollout.envs import FromIsaacLab
+
+__all__ = [
+    "STEP_S",
+    "TASKS",
+    "RandomEpisodeStarts",
+    "cartpole_direct",
+    "cartpole_usd",
+    "episode_length_s",
+    "make_isaac_env",
+    "task_config",
+]
 
 # Isaac Lab's two kinds of env: DirectRLEnv (flags in reset_terminated, reset_time_outs) and ManagerBasedRLEnv
 # (flags in its termination manager too)
@@ -57,3 +70,21 @@ def task_config(kind: str, num_envs: int, usd: str | None = None, *, seed: int =
 def make_isaac_env(kind: str, num_envs: int, usd: str | None = None, *, seed: int = 0) -> gym.Env:
     """Isaac Lab's own env of ``TASKS[kind]`` (``task_config``), as ``gym.make`` returns it."""
     return gym.make(TASKS[kind], cfg=task_config(kind, num_envs, usd, seed=seed))
+
+
+class RandomEpisodeStarts(FromIsaacLab):
+    """Isaac Lab's env whose first episodes start at a random step of their time limit after each reset, as
+    rsl_rl's ``learn(init_at_random_ep_len=True)`` starts them in Isaac Lab's train script: episodes then end spread
+    over time, not all at once."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        obs, infos = super().reset(seed=seed, options=options)
+        base = self.env.unwrapped
+        base.episode_length_buf = torch.randint_like(base.episode_length_buf, high=int(base.max_episode_length))
+        return obs, infos
+
+
+def cartpole_direct(num_envs: int, *, seed: int = 0) -> FromIsaacLab:
+    """``Isaac-Cartpole-Direct`` (``make_isaac_env("direct", ...)``) as a vector env with random episode starts
+    (``RandomEpisodeStarts``): an env recipe of examples/ppo.py."""
+    return RandomEpisodeStarts(make_isaac_env("direct", num_envs, seed=seed))
