@@ -91,6 +91,8 @@ if __name__ == "__main__":
     sys.stdout.write("written by the trainer, not yet flushed\\n")  # stdout is a pipe: block-buffered
     if mode == "a thread before the import":  # a trainer that imports torch_rollout late, inside its main()
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    if mode == "a threaded runtime before the import":  # JAX's thread pools run once it is imported and used
+        import ray  # noqa: F401  (one of the runtimes named; no thread of its own until ray.init())
     if mode == "a CUDA context before the import":
         import torch
 
@@ -174,8 +176,16 @@ def running(pid: int) -> bool:
         ("threads after the import", "0", "fresh"),
         ("a thread before the import", None, "fresh"),
         ("a CUDA context before the import", None, "fresh"),
+        ("a threaded runtime before the import", None, "fresh"),
     ],
-    ids=["threads-after-import", "opted-out-single-threaded", "opted-out-threads", "thread-first", "cuda-first"],
+    ids=[
+        "threads-after-import",
+        "opted-out-single-threaded",
+        "opted-out-threads",
+        "thread-first",
+        "cuda-first",
+        "runtime-first",
+    ],
 )
 def test_the_server_is_forked_from_the_trainer_only_while_it_is_safe(tmp_path, mode, prefork, origin):
     out, facts = run_trainer(tmp_path, mode, prefork=prefork)

@@ -160,7 +160,8 @@ def _pattern(pattern: re.Pattern[str] | str | None) -> str:
 def fork_is_safe() -> bool:
     """Whether this process can be forked safely: no CUDA context, no Python thread but this one, and no OS
     thread beyond those that importing torch_rollout found (the BLAS pool of numpy, which stops itself before
-    a fork); a thread pool of OpenMP, CUDA's threads, a Ray or gRPC client's all count."""
+    a fork; none where JAX, TensorFlow or Ray was imported first); a thread pool of OpenMP, CUDA's threads, a
+    Ray or gRPC client's all count."""
     if threading.active_count() != 1 or torch.cuda.is_initialized():
         return False
     threads = _os_threads()
@@ -175,10 +176,18 @@ def _os_threads() -> int | None:
         return None
 
 
+# Runtimes whose threads are running once they are imported or used, and which a fork does not survive (a
+# worker of a server forked beside JAX's thread pools waits forever in its first compilation): with one of them
+# imported before torch_rollout, the threads found at import are not numpy's alone.
+_THREADED_RUNTIMES = ("jax", "jaxlib", "tensorflow", "ray")
 # What importing the package leaves running (torch imports numpy, whose OpenBLAS starts a pool of threads
 # that its fork handler stops and restarts): more than that at a worker's start is a thread of the trainer's.
 # Where other threads ran already, only the main thread is allowed.
-_THREADS_AT_IMPORT = (_os_threads() or 1) if threading.active_count() == 1 else 1
+_THREADS_AT_IMPORT = (
+    (_os_threads() or 1)
+    if threading.active_count() == 1 and not any(name in sys.modules for name in _THREADED_RUNTIMES)
+    else 1
+)
 
 
 def start_server_at_import() -> bool:
