@@ -15,7 +15,9 @@ import isaaclab_tasks  # noqa: F401  (registers the tasks)
 import newton
 from isaaclab_tasks.utils import resolve_task_config
 
-__all__ = ["STEP_S", "TASKS", "cartpole_usd", "episode_length_s", "make_isaac_env", "task_config"]
+from torch_rollout.envs import FromIsaacLab
+
+__all__ = ["STEP_S", "TASKS", "cartpole_usd", "episode_length_s", "isaac_lab_envs", "make_isaac_env", "task_config"]
 
 # Isaac Lab's two kinds of env: DirectRLEnv (flags in reset_terminated, reset_time_outs) and ManagerBasedRLEnv
 # (flags in its termination manager too)
@@ -57,3 +59,9 @@ def task_config(kind: str, num_envs: int, usd: str | None = None, *, seed: int =
 def make_isaac_env(kind: str, num_envs: int, usd: str | None = None, *, seed: int = 0) -> gym.Env:
     """Isaac Lab's own env of ``TASKS[kind]`` (``task_config``), as ``gym.make`` returns it."""
     return gym.make(TASKS[kind], cfg=task_config(kind, num_envs, usd, seed=seed))
+
+
+def isaac_lab_envs(num_envs: int, *, kind: str = "direct", usd: str | None = None, seed: int = 0) -> FromIsaacLab:
+    """``make_isaac_env(kind, num_envs, usd)`` as the collector adapts it (a module-level recipe, for worker processes
+    too; bind the keywords with functools.partial)."""
+    return FromIsaacLab(make_isaac_env(kind, num_envs, usd, seed=seed))
