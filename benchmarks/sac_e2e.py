@@ -44,8 +44,9 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import sac as example  # noqa: E402
 
-from _common import machine_info, markdown_table, quiet_warnings, write_json  # noqa: E402
 from torch_rollout import BatchKeys, Collector, Processes, gym_envs  # noqa: E402
+
+from _common import machine_info, markdown_table, quiet_warnings, write_json  # noqa: E402
 
 __all__ = ["SYSTEMS", "main"]
 
