@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
@@ -356,6 +357,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")  # the frameworks' own deprecation warnings would drown the tables
     if args.threads != "default":
         torch.set_num_threads(int(args.threads))
+    load_at_start = round(os.getloadavg()[0], 2)  # the machine may be shared: a high load explains noise
     cases = CASES[args.framework]()
     out: list[dict[str, Any]] = []
     tables = []
@@ -375,10 +377,11 @@ def main() -> None:
             }
         )
         tables.append((case, rows, result["stats"]))
-    info = machine_info()
+    info = {**machine_info(), "load_average_1m_start": load_at_start}
     print(
         f"\n{args.framework}: torch threads {torch.get_num_threads()}, {info['cores']} cores, "
-        f"load {info.get('load_average_1m')}, {args.repeats} repeats, medians"
+        f"1-min load {load_at_start} at the start, {info.get('load_average_1m')} at the end, "
+        f"{args.repeats} repeats, medians"
     )
     for case, rows, stats in tables:
         print(f"\n{case.name}\n")
