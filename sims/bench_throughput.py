@@ -353,6 +353,7 @@ def main() -> None:
     parser.add_argument("--batches", type=float, default=1.0, help="scale of each case's timed batches (default 1)")
     parser.add_argument("--threads", default="1", help="torch intra-op threads: a number, or 'default'")
     parser.add_argument("--no-json", action="store_true", help="print the tables only (a development run)")
+    parser.add_argument("--suffix", default="", help="written as results/sims_<framework><suffix>.json")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # the frameworks' own deprecation warnings would drown the tables
     if args.threads != "default":
@@ -390,7 +391,7 @@ def main() -> None:
             print(f"- {name}: {line}")
     if not args.no_json:
         path = write_json(
-            f"sims_{args.framework}",
+            f"sims_{args.framework}{args.suffix}",
             {"machine": info, "framework": args.framework, "repeats": args.repeats, "cases": out},
         )
         print(f"\nwrote {path}")
