@@ -6,6 +6,8 @@
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
+# `make bench-sims` times each of them (sims/bench_throughput.py: the env alone, a hand-written loop and the
+# collector's placements), in the same venvs, and writes benchmarks/results/sims_NAME.json; SIMS chooses too.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,7 +30,7 @@ OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1
 SIMS ?= $(basename $(notdir $(wildcard sims/requirements/*.txt)))
 SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 
-.PHONY: run test test-ray test-kernels coverage test-sims lint clean
+.PHONY: run test test-ray test-kernels coverage test-sims bench-sims lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +74,17 @@ test-sims:
 			sims/tests/test_$$name.py || failed="$$failed $$name"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-sims: failed:$$failed"; exit 1; fi
+
+# sims/bench_throughput.py per framework, in its venv, each at most a few minutes on 2 cores; every framework
+# runs, and the target fails if any did.
+bench-sims:
+	TORCH_ROLLOUT_SIMS='$(SIMS_ROOT)' bash sims/build.sh $(SIMS)
+	@failed=; for name in $(SIMS); do \
+		echo "== sims/bench_throughput.py --framework $$name in $(SIMS_ROOT)/$$name"; \
+		PYTHONPATH='$(CURDIR)' '$(SIMS_ROOT)'/$$name/bin/python sims/bench_throughput.py --framework $$name \
+			|| failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "bench-sims: failed:$$failed"; exit 1; fi
 
 # ruff's formatter and linter, then mypy on the package and tests/typecheck, all configured in pyproject.toml
 lint: $(VENV)/.installed

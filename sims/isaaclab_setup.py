@@ -26,6 +26,7 @@ __all__ = [
     "cartpole_direct",
     "cartpole_usd",
     "episode_length_s",
+    "isaac_lab_envs",
     "make_isaac_env",
     "task_config",
 ]
@@ -88,3 +89,9 @@ def cartpole_direct(num_envs: int, *, seed: int = 0) -> FromIsaacLab:
     """``Isaac-Cartpole-Direct`` (``make_isaac_env("direct", ...)``) as a vector env with random episode starts
     (``RandomEpisodeStarts``): an env recipe of examples/ppo.py."""
     return RandomEpisodeStarts(make_isaac_env("direct", num_envs, seed=seed))
+
+
+def isaac_lab_envs(num_envs: int, *, kind: str = "direct", usd: str | None = None, seed: int = 0) -> FromIsaacLab:
+    """``make_isaac_env(kind, num_envs, usd)`` as the collector adapts it (a module-level recipe, for worker processes
+    too; bind the keywords with functools.partial)."""
+    return FromIsaacLab(make_isaac_env(kind, num_envs, usd, seed=seed))

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gymnax
 import pytest
 import torch
-from gymnasium.vector import AutoresetMode, VectorWrapper
-from gymnasium.wrappers.vector import JaxToTorch
-from gymnax.wrappers.gym import GymnaxToVectorGymWrapper
+from gymnax_setup import gymnax_envs
 
 from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
@@ -15,18 +12,8 @@ NUM_ENVS, NUM_STEPS, BATCHES = 8, 64, 3
 GAMMA, LAMBDA = 0.99, 0.95
 
 
-class SameStep(VectorWrapper):
-    """Declares the autoreset mode gymnax's wrapper has but does not say (its metadata is ``{}``)."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
-
-
 def collect(declare: bool):
-    env, params = gymnax.make("CartPole-v1")
-    envs = JaxToTorch(GymnaxToVectorGymWrapper(env, num_envs=NUM_ENVS, params=params, seed=3), device="cpu")
-    envs = Recorder(SameStep(envs) if declare else envs)
+    envs = Recorder(gymnax_envs(NUM_ENVS, declare=declare))
     agent = LinearAgent(4, 2, discrete=True)
     batches = collect_lockstep(envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA)
     envs.close()
@@ -63,12 +50,6 @@ def test_episode_totals(declared):
             torch.testing.assert_close(batch["episode_return"][t], total)
             done = batch["done"][t]
             length, total = torch.where(done, 0, length), torch.where(done, 0.0, total)
-
-
-def gymnax_envs(num_envs: int) -> SameStep:
-    """gymnax's CartPole-v1 as torch tensors, for worker processes (a module-level recipe)."""
-    env, params = gymnax.make("CartPole-v1")
-    return SameStep(JaxToTorch(GymnaxToVectorGymWrapper(env, num_envs=num_envs, params=params, seed=3), device="cpu"))
 
 
 def test_worker_processes_that_build_the_envs(tmp_path):

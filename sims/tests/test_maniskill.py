@@ -4,13 +4,12 @@ that build them; rows against what it returned."""
 
 from __future__ import annotations
 
-import gymnasium as gym
-import mani_skill.envs  # noqa: F401  (registers the tasks)
+import functools
+
 import pytest
 import torch
-from gymnasium.vector import AutoresetMode
-from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
-from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+from maniskill_setup import cpu_envs as sync_cpu_envs
+from maniskill_setup import maniskill_vector_env
 
 from _common import LinearAgent, Recorder, check_rows_in_workers, check_same_step_rows, collect_lockstep
 
@@ -20,30 +19,13 @@ MAX_EPISODE_STEPS = 20
 GAMMA, LAMBDA = 0.99, 0.95
 
 
-def push_cube(**kwargs):
-    return gym.make(
-        "PushCube-v1",
-        obs_mode="state",
-        num_envs=1,  # PhysX CPU steps one env per scene
-        sim_backend="physx_cpu",
-        render_mode=None,
-        render_backend="none",
-        max_episode_steps=MAX_EPISODE_STEPS,
-        **kwargs,
-    )
-
-
-def cpu_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
-    """``num_envs`` PushCube-v1 envs, each on PhysX CPU in a scene of its own, as ManiSkill's CPU wrapper gives
-    them (NumPy arrays), in gymnasium's SyncVectorEnv resetting within the step (``infos["final_obs"]``)."""
-    return gym.vector.SyncVectorEnv(
-        [lambda: CPUGymWrapper(push_cube()) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
-    )
+# SyncVectorEnv of CPUGymWrapper envs with the short episodes (a module-level recipe, for worker processes)
+cpu_envs = functools.partial(sync_cpu_envs, max_episode_steps=MAX_EPISODE_STEPS)
 
 
 @pytest.fixture(scope="module")
 def collected():
-    envs = Recorder(ManiSkillVectorEnv(push_cube(), auto_reset=True, ignore_terminations=False))
+    envs = Recorder(maniskill_vector_env(max_episode_steps=MAX_EPISODE_STEPS))
     agent = LinearAgent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0])
     batches = collect_lockstep(
         envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA, seed=0

@@ -16,6 +16,7 @@ from brax.envs.base import Wrapper
 from brax.envs.wrappers.training import EpisodeWrapper
 from gymnasium.vector import AutoresetMode
 from mujoco_playground import registry
+from playground_setup import load
 
 from torch_rollout.envs import FromJax
 
@@ -29,10 +30,6 @@ ENVS, NUM_STEPS, BATCHES, LIMIT = 4, 16, 2, 10
 # limit itself, which is then terminated only), the others time out.
 PENDULUM_LIMIT = 6
 GAMMA, LAMBDA = 0.99, 0.95
-
-
-def load(framework: str, name: str):
-    return registry.load(name) if framework == "playground" else brax_envs.get_environment(name)
 
 
 @pytest.mark.parametrize(
