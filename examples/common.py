@@ -262,14 +262,15 @@ def placement(backend: str, num_workers: int) -> str | Processes | Ray:
     return backend
 
 
-def recipe(path: str) -> Callable[..., Any]:
-    """The function that a config's "module:function" names, e.g. an env recipe."""
+def recipe(path: str, key: str) -> Callable[..., Any]:
+    """The function that the config key `key` names as "module:function", e.g. an env recipe."""
     module, _, name = path.partition(":")
     try:
         return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
+    except (ImportError, AttributeError, ValueError) as error:
         raise ConfigError(
-            f"{path!r} names no function that can be imported ({error}); give it as module:function"
+            f"config key {key!r}: {path!r} names no function that can be imported ({error}); give it as "
+            "module:function, with the module on PYTHONPATH"
         ) from error
 
 

@@ -109,7 +109,12 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *, base: dict | None = None) -> Config:
     """A Config from `base` (a checkpoint's), the YAML file at `path`, then `key=value` overrides (common.py)."""
-    return common.load_config(Config, path, overrides, base=base)
+    cfg = common.load_config(Config, path, overrides, base=base)
+    if cfg.desired_kl is not None and cfg.anneal_lr:
+        raise ConfigError(
+            "desired_kl adapts the learning rate, which anneal_lr=true would set too: add anneal_lr=false"
+        )
+    return cfg
 
 
 def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path | None = None) -> gym.vector.VectorEnv:
@@ -117,7 +122,7 @@ def make_envs(cfg: Config, num_envs: int, *, training: bool = True, video: Path 
     gymnasium's NumPy envs with the config's wrappers (common.gym_envs); `training=False` (--eval): raw rewards."""
     if cfg.env_recipe is not None:  # e.g. sims/isaaclab_setup.py's Isaac Lab envs
         common.check_numpy_only(cfg, video)
-        return common.recipe(cfg.env_recipe)(num_envs, seed=cfg.seed)
+        return common.recipe(cfg.env_recipe, "env_recipe")(num_envs, seed=cfg.seed)
     if cfg.env_id.startswith("torch_rollout/"):
         common.check_numpy_only(cfg, video)
         return gym.make_vec(cfg.env_id, num_envs=num_envs, device=common.agent_device(cfg.device))
@@ -285,8 +290,8 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
             run.log_episodes(batch)  # the returns of the episodes that ended in it, for the mean return
 
             lr = cfg.learning_rate * (1 - (iteration - 1) / run.num_iterations) if cfg.anneal_lr else cfg.learning_rate
-            for group in optimizer.param_groups:
-                group["lr"] = lr if cfg.desired_kl is None else group["lr"]  # desired_kl: update() adapts it
+            for group in optimizer.param_groups if cfg.desired_kl is None else ():  # desired_kl: update() adapts it
+                group["lr"] = lr
 
             # mask is False on NEXT_STEP reset rows: they are not transitions, the loss leaves them out
             data = batch.select("obs", "action", "log_prob", "value", "advantage", "return", "mask")

@@ -109,6 +109,18 @@ def test_wrong_type_names_key_value_and_type(ppo, override, message):
         ppo.load_config(None, [override])
 
 
+def test_keys_that_would_both_set_the_learning_rate_are_refused(ppo):
+    with pytest.raises(ppo.ConfigError, match=re.escape("desired_kl adapts the learning rate, which anneal_lr=true")):
+        ppo.load_config(None, ["desired_kl=0.01"])
+    assert ppo.load_config(None, ["desired_kl=0.01", "anneal_lr=false"]).desired_kl == 0.01
+
+
+def test_an_env_recipe_that_cannot_be_imported_names_the_key(ppo):
+    cfg = ppo.load_config(None, ["env_recipe=no_such_module:make"])
+    with pytest.raises(ppo.ConfigError, match=re.escape("config key 'env_recipe': 'no_such_module:make' names no")):
+        ppo.make_envs(cfg, 2)
+
+
 def test_wrong_type_in_file(ppo, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("update_epochs: many\n")
