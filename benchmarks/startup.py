@@ -147,7 +147,8 @@ def idle_worker(batches: int) -> dict[str, Any]:
     import torch
     from torch.distributions import Categorical
 
-    from torch_rollout import Collector, _forkserver
+    from torch_rollout import Collector
+    from torch_rollout.placements import _forkserver
 
     from _common import make_policy
 

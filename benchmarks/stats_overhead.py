@@ -29,7 +29,7 @@ import gymnasium as gym
 import torch
 
 from torch_rollout import Collector
-from torch_rollout._stats import Account
+from torch_rollout.loop._stats import Account
 
 from _common import make_policy
 

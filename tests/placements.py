@@ -83,7 +83,7 @@ def _save_coverage_at_actor_close() -> None:
     """
     import coverage
 
-    from torch_rollout import _ray
+    from torch_rollout.placements import _ray
 
     cov = coverage.Coverage.current()
     if cov is None:  # a Ray worker started before coverage's settings were in the environment

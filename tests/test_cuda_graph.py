@@ -25,10 +25,11 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.distributions import Categorical, Distribution
 
-from torch_rollout import Collector, CudaGraph, Processes, _compile
-from torch_rollout._acting import PolicyCall, call_policy
-from torch_rollout._compile import acting_call, check_compile_policy
+from torch_rollout import Collector, CudaGraph, Processes
 from torch_rollout.envs import CartPole
+from torch_rollout.loop import _compile
+from torch_rollout.loop._acting import PolicyCall, call_policy
+from torch_rollout.loop._compile import acting_call, check_compile_policy
 
 T, N = 7, 6
 MAX_STEPS = 9  # prime to T: episodes end inside batches and at their boundaries

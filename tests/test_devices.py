@@ -26,8 +26,8 @@ from torch import nn
 
 import torch_rollout
 from torch_rollout import BatchKeys, Collector
-from torch_rollout._devices import copy_into, indexed, to_device
 from torch_rollout.envs import CartPole
+from torch_rollout.util._devices import copy_into, indexed, to_device
 
 T, N = 5, 4
 PACKAGE = pathlib.Path(torch_rollout.__file__).parent
@@ -145,7 +145,7 @@ def test_no_copy_to_the_host_is_non_blocking(make_envs, prefetch, recurrent, cop
 
 
 def test_every_non_blocking_copy_goes_through_the_helpers():
-    """``non_blocking=`` appears only in torch_rollout._devices: elsewhere copies say nothing or False."""
+    """``non_blocking=`` appears only in torch_rollout.util._devices: elsewhere copies say nothing or False."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "_devices.py":
@@ -155,7 +155,7 @@ def test_every_non_blocking_copy_goes_through_the_helpers():
                 if not (isinstance(node.value, ast.Constant) and node.value.value is False):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.value.lineno}")
     assert found == [], (
-        f"non_blocking=... outside torch_rollout/_devices.py at {found}: use to_device or copy_into, which are "
+        f"non_blocking=... outside torch_rollout/util/_devices.py at {found}: use to_device or copy_into, which are "
         "non-blocking only when the destination is a CUDA device"
     )
 

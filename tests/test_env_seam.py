@@ -36,20 +36,20 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["_loop.py", "_rows.py", "_env_seam.py"])
+@pytest.mark.parametrize("module", ["loop/_rollout.py", "loop/_rows.py", "envs/_seam.py"])
 def test_the_loop_imports_no_env_kind(module):
     env_kinds = {
         "gymnasium.vector",
-        "torch_rollout._numpy_envs",
-        "torch_rollout._torch_envs",
-        "torch_rollout._double_buffer",
-        "torch_rollout._envpool",
-        "torch_rollout._drivers",
+        "torch_rollout.envs._numpy",
+        "torch_rollout.envs._torch",
+        "torch_rollout.envs._double_buffer",
+        "torch_rollout.envs._envpool",
+        "torch_rollout.loop._drivers",
         "envpool",
     }
     imports = imported_modules(PACKAGE / module)
-    # _env_seam names gymnasium's types for its annotations only
-    allowed = {"gymnasium.vector"} if module == "_env_seam.py" else set()
+    # the seam names gymnasium's types for its annotations only
+    allowed = {"gymnasium.vector"} if module == "envs/_seam.py" else set()
     assert not (imports & env_kinds) - allowed
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from torch_rollout import BatchKeys, Collector, envpool_envs
-from torch_rollout._envpool import EnvPoolVectorEnv
+from torch_rollout.envs._envpool import EnvPoolVectorEnv
 
 from placements import LOCAL_PLACEMENTS
 

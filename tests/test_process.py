@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from torch_rollout import Collector, Processes, gym_envs
-from torch_rollout._envs import RemoteTraceback
+from torch_rollout.envs._gym import RemoteTraceback
 
 from counting_env import CountingPolicy, make_counting_envs
 from placements import PLACEMENTS, local_ray, on_ray

@@ -147,10 +147,10 @@ def test_soak_5000_batches():
     # rows being filled: a trainer that still held a batch when the loop needed rows made the loop allocate rows
     # once more, up to that bound, which is no leak (seen once on a loaded machine). Every other object counts the
     # same, and so does everything of a rows.
-    rows = "torch_rollout._rows.HostRows"
+    rows = "torch_rollout.loop._rows.HostRows"
     assert objects_after[rows] <= prefetch + 2 + 1, objects_after
     grown = objects_after[rows] - objects_before[rows]
-    of_rows = {rows, "torch_rollout._spaces.ObsBuffer", "tensordict._td.TensorDict"}  # one of each per rows
+    of_rows = {rows, "torch_rollout.envs._spaces.ObsBuffer", "tensordict._td.TensorDict"}  # one of each per rows
     assert all(objects_after[kind] - objects_before[kind] == grown for kind in of_rows), (objects_before, objects_after)
     assert {k: n for k, n in objects_after.items() if k not in of_rows} == {
         k: n for k, n in objects_before.items() if k not in of_rows

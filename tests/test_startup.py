@@ -97,7 +97,7 @@ if __name__ == "__main__":
         import torch
 
         torch.cuda.is_initialized = lambda: True  # as a trainer with its model on a GPU
-    from torch_rollout import _forkserver
+    from torch_rollout.placements import _forkserver
 
     (OUT / "server-at-import.json").write_text(json.dumps(_forkserver._idle and _forkserver._idle.pid))
     import sched  # noqa: F401  (another module that nothing else imports)
@@ -281,7 +281,7 @@ if __name__ == "__main__":
     from reliability_envs import ConstantPolicy
     from torch_rollout import Collector, Processes
 
-    from torch_rollout import _forkserver
+    from torch_rollout.placements import _forkserver
 
     server = _forkserver._idle.pid  # forked at the import, not yet multiprocessing's
     # The workers' main thread imports the module first, to unpickle its function; then a thread of theirs does.
@@ -309,7 +309,7 @@ from pathlib import Path
 
 OUT = Path({out!r})
 handlers = {{s: signal.getsignal(s) for s in signal.valid_signals()}}
-from torch_rollout import _forkserver
+from torch_rollout.placements import _forkserver
 
 server = _forkserver._idle.pid
 (OUT / "server.json").write_text(json.dumps(server))
@@ -365,7 +365,8 @@ from pathlib import Path
 
 sys.path.insert(0, {tests!r})
 from reliability_envs import ConstantPolicy
-from torch_rollout import Collector, Processes, _forkserver
+from torch_rollout import Collector, Processes
+from torch_rollout.placements import _forkserver
 
 if __name__ == "__main__":
     idle = _forkserver._idle.pid
@@ -404,7 +405,7 @@ def test_a_bad_value_of_the_opt_out_is_refused_at_import(tmp_path):
 
 def test_the_opt_out_forks_nothing_at_import(tmp_path):
     env = {**os.environ, PREFORK: "0"}
-    code = "from torch_rollout import _forkserver; print(_forkserver._idle)"
+    code = "from torch_rollout.placements import _forkserver; print(_forkserver._idle)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "None\n"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from torch_rollout import Collector, Stats, WorkerStats
-from torch_rollout._stats import Setting
+from torch_rollout.loop._stats import Setting
 
 from placements import PLACEMENTS, local_ray, num_loops, on_ray
 from reliability_envs import ConstantPolicy

@@ -20,7 +20,8 @@ from tensordict.nn.probabilistic import interaction_type
 from torch import nn
 from torch.distributions import Categorical
 
-from torch_rollout import BatchKeys, Collector, _interaction
+from torch_rollout import BatchKeys, Collector
+from torch_rollout.loop import _interaction
 
 from counting_env import TransitionCountingPolicy, counting_vec
 from placements import PLACEMENTS, envs_for

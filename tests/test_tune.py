@@ -23,8 +23,8 @@ import torch
 
 import torch_rollout
 from torch_rollout import Collector, Processes, tune
-from torch_rollout._stats import available_cores
-from torch_rollout._tune import MLPPolicy, default_placements, main
+from torch_rollout.loop._stats import available_cores
+from torch_rollout.tuning import MLPPolicy, default_placements, main
 
 from reliability_envs import ConstantPolicy
 from timed_envs import make_busy_envs, make_slow_envs
@@ -244,7 +244,7 @@ def test_the_default_policy_refuses_spaces_it_does_not_take():
 def test_python_m_torch_rollout_tune_prints_the_table_and_the_collector_call():
     # A fresh interpreter run with -m: its worker processes import __main__ by its module name.
     command = [sys.executable, "-m", "torch_rollout", "tune", "CartPole-v1", "--num-envs", "1", "--num-steps", "4"]
-    options = ["--seconds", "0.2", "--device", "cpu", "--threads", "1", "--policy", "torch_rollout._tune:MLPPolicy"]
+    options = ["--seconds", "0.2", "--device", "cpu", "--threads", "1", "--policy", "torch_rollout.tuning:MLPPolicy"]
     done = subprocess.run(
         [*command, *options],
         capture_output=True,
@@ -264,7 +264,7 @@ def test_python_m_torch_rollout_tune_prints_the_table_and_the_collector_call():
     "option,message",
     [
         ("--policy=nowhere", "--policy must be MODULE:FACTORY (e.g. mypackage.agents:make_agent), got 'nowhere'"),
-        ("--policy=torch_rollout._tune:Nothing", "module 'torch_rollout._tune' has no 'Nothing'"),
+        ("--policy=torch_rollout.tuning:Nothing", "module 'torch_rollout.tuning' has no 'Nothing'"),
     ],
     ids=["policy-without-colon", "policy-missing"],
 )

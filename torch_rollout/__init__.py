@@ -1,20 +1,18 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
 # First: it counts the threads that importing torch and numpy start (see _forkserver.fork_is_safe)
-from torch_rollout import (
-    _forkserver,
-    envs,  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
-)
-from torch_rollout._double_buffer import DoubleBufferedVectorEnv, double_buffered
-from torch_rollout._envpool import envpool_envs
-from torch_rollout._envs import gym_envs
-from torch_rollout._placement import Processes, Ray, Thread
-from torch_rollout._seed import Seed
-from torch_rollout._spec import BatchKeys, CudaGraph
-from torch_rollout._stats import Stats, WorkerStats
-from torch_rollout._tune import tune
+from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
 from torch_rollout.collector import Collector
+from torch_rollout.envs._double_buffer import DoubleBufferedVectorEnv, double_buffered
+from torch_rollout.envs._envpool import envpool_envs
+from torch_rollout.envs._gym import gym_envs
 from torch_rollout.gae import GAE, compute_gae
+from torch_rollout.loop._seed import Seed
+from torch_rollout.loop._spec import BatchKeys, CudaGraph
+from torch_rollout.loop._stats import Stats, WorkerStats
+from torch_rollout.placements import _forkserver
+from torch_rollout.placements._backends import Processes, Ray, Thread
+from torch_rollout.tuning import tune
 
 __all__ = [
     "GAE",

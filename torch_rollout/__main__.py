@@ -2,7 +2,7 @@
 
 import sys
 
-from torch_rollout._tune import main
+from torch_rollout.tuning import main
 
 if __name__ == "__main__":  # worker processes import this module again by its name
     sys.exit(main())

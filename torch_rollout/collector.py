@@ -16,19 +16,19 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from torch_rollout._checkpoint import Progress
-from torch_rollout._compile import check_compile_policy
-from torch_rollout._devices import indexed
-from torch_rollout._envs import split_envs
-from torch_rollout._interaction import greedy_modules
-from torch_rollout._isaac_lab import adapt_isaac_lab
-from torch_rollout._placement import Backend, Placement, resolve_backend
-from torch_rollout._seed import Seed, resolve_seed, seed_step
-from torch_rollout._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
-from torch_rollout._stats import Setting, Stats, StatsClock, available_cores
-from torch_rollout._warnings import warn
-from torch_rollout._weights import WeightPairs
+from torch_rollout.envs._gym import split_envs
+from torch_rollout.envs._isaac_lab import adapt_isaac_lab
 from torch_rollout.gae import GAE, add_advantages
+from torch_rollout.loop._checkpoint import Progress
+from torch_rollout.loop._compile import check_compile_policy
+from torch_rollout.loop._interaction import greedy_modules
+from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
+from torch_rollout.loop._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
+from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
+from torch_rollout.loop._weights import WeightPairs
+from torch_rollout.placements._backends import Backend, Placement, resolve_backend
+from torch_rollout.util._devices import indexed
+from torch_rollout.util._warnings import warn
 
 __all__ = ["Collector"]
 

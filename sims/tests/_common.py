@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout import GAE, BatchKeys, Collector, Processes
-from torch_rollout._envs import split_envs
+from torch_rollout.envs._gym import split_envs
 
 __all__ = [
     "LinearAgent",

@@ -35,8 +35,8 @@ from typing import Any
 
 import gymnasium
 
-from torch_rollout._isaac_lab import FromIsaacLab
 from torch_rollout.envs._cartpole import CartPole
+from torch_rollout.envs._isaac_lab import FromIsaacLab
 from torch_rollout.envs._pendulum import Pendulum
 from torch_rollout.envs._rsl_rl import FromRslRl
 

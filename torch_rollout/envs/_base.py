@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 from torch import Tensor
 
-from torch_rollout._devices import indexed
+from torch_rollout.util._devices import indexed
 
 __all__ = ["TorchVectorEnv", "mix64", "read_reset_mask"]
 

@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torch import Tensor
 
-from torch_rollout._torch_envs import OWN_FINAL_KEY
+from torch_rollout.envs._torch import OWN_FINAL_KEY
 
 __all__ = ["BOOTSTRAPS", "FromRslRl"]
 

@@ -20,8 +20,8 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor, nn
 
-from torch_rollout._spaces import Obs
-from torch_rollout._spec import BATCH_KEYS
+from torch_rollout.envs._spaces import Obs
+from torch_rollout.loop._spec import BATCH_KEYS
 
 __all__ = ["Acting", "Forward", "OutputLayout", "PolicyCall", "call_policy"]
 
@@ -64,7 +64,7 @@ def call_policy(
     ``obs_key`` (and in recurrent mode ``"is_init"`` of shape ``[n, 1]`` and the
     state's entries at their own keys), as TorchRL's recurrent modules read it.
     ``functions``: ``(forward, get_value or None)`` called instead of the
-    policy's own (its compiled ones, see ``torch_rollout._compile``).
+    policy's own (its compiled ones, see ``torch_rollout.loop._compile``).
     ``owned`` marks the collector's own acting copy, which is in eval mode from
     its creation on: its modes are then neither read nor switched.
     """

@@ -7,8 +7,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
-from torch_rollout._devices import to_device
-from torch_rollout._env_seam import StepRecord
+from torch_rollout.envs._seam import StepRecord
+from torch_rollout.util._devices import to_device
 
 __all__ = ["RecurrentState"]
 

@@ -22,12 +22,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from torch_rollout._autoreset import FINAL_OBS_KEYS, AutoresetReading
-from torch_rollout._devices import is_device, to_device
-from torch_rollout._env_seam import StepRecord
-from torch_rollout._infos import TensorInfoRecorder
-from torch_rollout._numpy_envs import NonFinite
-from torch_rollout._spaces import check_action_space, check_obs_space
+from torch_rollout.envs._autoreset import FINAL_OBS_KEYS, AutoresetReading
+from torch_rollout.envs._infos import TensorInfoRecorder
+from torch_rollout.envs._numpy import NonFinite
+from torch_rollout.envs._seam import StepRecord
+from torch_rollout.envs._spaces import check_action_space, check_obs_space
+from torch_rollout.util._devices import is_device, to_device
 
 __all__ = ["OWN_FINAL_KEY", "TorchEnvs", "presents_torch"]
 
@@ -59,7 +59,7 @@ def presents_torch(envs: VectorEnv) -> bool:
 class TorchEnvs:
     """Drives a vector env of torch tensors on their device, in any autoreset mode, without host syncs.
 
-    The records mean what :class:`~torch_rollout._numpy_envs.NumpyEnvs`' do; their
+    The records mean what :class:`~torch_rollout.envs._numpy.NumpyEnvs`' do; their
     arrays are tensors on the env's device, and ``final`` holds dense rows (of
     every env; only those of envs that ended are read). Final observations come
     from ``infos["final_obs"]`` (gymnasium) or ``infos["final_observation"]``
@@ -71,7 +71,7 @@ class TorchEnvs:
     episode that had ended before (which would need a host sync to see at the
     step) is found at the batch's end and refuses the batch. Infos that
     contradict the mode read raise (see
-    :class:`~torch_rollout._autoreset.AutoresetReading`).
+    :class:`~torch_rollout.envs._autoreset.AutoresetReading`).
     """
 
     acts_at_once = False

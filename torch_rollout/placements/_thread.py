@@ -28,15 +28,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._acting import PolicyCall
-from torch_rollout._compile import acting_call
-from torch_rollout._devices import indexed, is_device
-from torch_rollout._drivers import make_loop
-from torch_rollout._envs import explain_env_error
-from torch_rollout._interaction import own_interaction_type
-from torch_rollout._loop import RolloutLoop, Stopped
-from torch_rollout._spec import LoopSpec
-from torch_rollout._weights import named_weights
+from torch_rollout.envs._gym import explain_env_error
+from torch_rollout.loop._acting import PolicyCall
+from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._drivers import make_loop
+from torch_rollout.loop._interaction import own_interaction_type
+from torch_rollout.loop._rollout import RolloutLoop, Stopped
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._weights import named_weights
+from torch_rollout.util._devices import indexed, is_device
 
 __all__ = ["InlinePlacement", "ThreadPlacement"]
 
@@ -116,7 +116,7 @@ class _LocalPlacement:
     # -- batches -------------------------------------------------------------------------------
 
     def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
-        """The loop's account of its time, idle counted up to now (see :class:`torch_rollout._stats.Account`)."""
+        """The loop's account of its time, idle counted up to now (see :class:`torch_rollout.loop._stats.Account`)."""
         return [self.loop.account.totals(time.perf_counter())]
 
     def reseed(self, seed: int | None) -> None:

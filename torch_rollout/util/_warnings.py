@@ -9,7 +9,8 @@ from types import FrameType
 
 __all__ = ["warn"]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the package's root folder (this module is in its util/)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -25,12 +25,12 @@ from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from torch_rollout._devices import copy_into, to_device
-from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor, space_nbytes
+from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, obs_to_tensor, space_nbytes
+from torch_rollout.util._devices import copy_into, to_device
 
 if TYPE_CHECKING:
-    from torch_rollout._acting import OutputLayout
-    from torch_rollout._env_seam import StepRecord
+    from torch_rollout.envs._seam import StepRecord
+    from torch_rollout.loop._acting import OutputLayout
 
 __all__ = ["LOOP_KEYS", "DeviceRows", "HostRows", "RowLayout", "RowRing", "empty_rows", "select"]
 

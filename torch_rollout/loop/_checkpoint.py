@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from torch_rollout._seed import Seed
+from torch_rollout.loop._seed import Seed
 
 __all__ = ["Progress"]
 

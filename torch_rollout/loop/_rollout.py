@@ -3,11 +3,11 @@
 Every placement (the background thread, worker processes, Ray actors) runs this
 loop; a placement only decides where it runs, how the policy's weights reach it
 and how its batches travel. The loop knows no kind of env: it talks to one
-through a driver (:mod:`torch_rollout._env_seam`), which turns what the env
+through a driver (:mod:`torch_rollout.envs._seam`), which turns what the env
 returns into step records, and it writes them into rows of the records' kind
-(:mod:`torch_rollout._rows`). GAE is not computed here: the consumer runs it on
+(:mod:`torch_rollout.loop._rows`). GAE is not computed here: the consumer runs it on
 its device from the ``value`` and ``next_value`` rows (see :func:`torch_rollout.gae.add_advantages`). How
-the policy is called and what it must return is :mod:`torch_rollout._acting`'s.
+the policy is called and what it must return is :mod:`torch_rollout.loop._acting`'s.
 
 Each env fills its own rows, in order: row ``t`` of env ``j`` holds its
 observation, the policy's outputs on it (and the ``policy_version`` that
@@ -41,14 +41,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from torch_rollout._acting import Acting, Forward, OutputLayout, PolicyCall
-from torch_rollout._devices import copy_into
-from torch_rollout._env_seam import AutoresetMode, EnvDriver, StepRecord
-from torch_rollout._recurrent import RecurrentState
-from torch_rollout._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
-from torch_rollout._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
-from torch_rollout._spec import LoopSpec
-from torch_rollout._stats import Account
+from torch_rollout.envs._seam import AutoresetMode, EnvDriver, StepRecord
+from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
+from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
+from torch_rollout.loop._recurrent import RecurrentState
+from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._stats import Account
+from torch_rollout.util._devices import copy_into
 
 __all__ = ["RolloutLoop", "Stopped"]
 
@@ -122,7 +122,7 @@ class RolloutLoop:
         self.batches = 0  # batches started: step numbers in error messages are batches * T + t
         self.row: int | None = None  # the row of the step in flight (every env at once), for error messages
         self.outputs: OutputLayout | None = None  # the policy's outputs, once its first call told them
-        self.account = Account()  # where its time goes (see torch_rollout._stats)
+        self.account = Account()  # where its time goes (see torch_rollout.loop._stats)
         loop_keys = LOOP_KEYS
         initial_state = self.recurrent = None
         if spec.initial_state is not None:

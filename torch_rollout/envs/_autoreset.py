@@ -22,7 +22,7 @@ from typing import Any
 
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from torch_rollout._warnings import warn
+from torch_rollout.util._warnings import warn
 
 __all__ = ["FINAL_OBS_KEYS", "AutoresetReading", "final_obs_key"]
 

@@ -14,8 +14,8 @@ import gymnasium
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from torch_rollout._isaac_lab import FromIsaacLab, is_isaac_lab
-from torch_rollout._spaces import describe_bad_single_obs
+from torch_rollout.envs._isaac_lab import FromIsaacLab, is_isaac_lab
+from torch_rollout.envs._spaces import describe_bad_single_obs
 
 __all__ = [
     "EnvRecipe",

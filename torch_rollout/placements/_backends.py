@@ -1,6 +1,6 @@
 """Placements: where the collection loop runs. The interface every placement speaks, and the user's choice of one.
 
-A *placement* runs the one collection loop (``torch_rollout._loop``) somewhere
+A *placement* runs the one collection loop (``torch_rollout.loop._rollout``) somewhere
 and moves batches and weights between it and the trainer: the background
 thread (``_thread.py``), worker processes with shared memory (``_process.py``),
 Ray actors (``_ray.py``). The Collector talks to a placement only through
@@ -23,13 +23,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._envs import EnvRecipe, build_envs, check_picklable
-from torch_rollout._script import import_problem, main_globals, main_problem, unguarded_call
-from torch_rollout._spec import LoopSpec
-from torch_rollout._weights import acting_copy, check_policy_device
+from torch_rollout.envs._gym import EnvRecipe, build_envs, check_picklable
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._weights import acting_copy, check_policy_device
+from torch_rollout.placements._script import import_problem, main_globals, main_problem, unguarded_call
 
 if TYPE_CHECKING:
-    from torch_rollout._spec import CudaGraph
+    from torch_rollout.loop._spec import CudaGraph
 
 __all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
 
@@ -71,7 +71,7 @@ class Placement(Protocol):
         """Begins serving requests; called last in the Collector's construction (after this, only reseeds)."""
 
     def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
-        """Each loop's :meth:`torch_rollout._stats.Account.totals`, in worker order (one for the thread)."""
+        """Each loop's :meth:`torch_rollout.loop._stats.Account.totals`, in worker order (one for the thread)."""
 
     def request(self) -> None:
         """Asks for one more batch; never blocks."""
@@ -167,7 +167,7 @@ class Thread(Backend):
         seed_step: int,
         timeout: float | None,
     ) -> Placement:
-        from torch_rollout._thread import InlinePlacement, ThreadPlacement
+        from torch_rollout.placements._thread import InlinePlacement, ThreadPlacement
 
         # In lockstep the batch is collected in the caller's thread, unless a thread must watch for a timeout.
         placement = InlinePlacement if prefetch == 0 and timeout is None else ThreadPlacement
@@ -254,8 +254,8 @@ class Processes(Backend):
         seed_step: int,
         timeout: float | None,
     ) -> Placement:
-        from torch_rollout._forkserver import start_server
-        from torch_rollout._process import ProcessPlacement, check_shared_memory
+        from torch_rollout.placements._forkserver import start_server
+        from torch_rollout.placements._process import ProcessPlacement, check_shared_memory
 
         assert not isinstance(envs, VectorEnv)  # refused by check()
         start_server()  # before the weights go to shared memory: a server forked from here would hold them too
@@ -312,7 +312,7 @@ class Ray(Backend):
             )
 
     def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | CudaGraph | None) -> None:
-        from torch_rollout._ray import check_ray_picklable
+        from torch_rollout.placements._ray import check_ray_picklable
 
         _refuse_live_envs(self, envs, "Ray worker", "a function make_envs(num_envs) -> VectorEnv")
         check_ray_picklable("envs", envs)
@@ -333,7 +333,7 @@ class Ray(Backend):
         seed_step: int,
         timeout: float | None,
     ) -> Placement:
-        from torch_rollout._ray import RayPlacement
+        from torch_rollout.placements._ray import RayPlacement
 
         assert not isinstance(envs, VectorEnv)  # refused by check()
         why, fix = self.copy_reason(prefetch)

@@ -1,12 +1,12 @@
 """What the collection loop needs from a vector env: the driver interface and the record of one step.
 
-The loop (:mod:`torch_rollout._loop`) talks to envs only through a driver, one per
-kind of vector env (chosen by :func:`torch_rollout._drivers.make_loop`):
+The loop (:mod:`torch_rollout.loop._rollout`) talks to envs only through a driver, one per
+kind of vector env (chosen by :func:`torch_rollout.loop._drivers.make_loop`):
 
-- :class:`~torch_rollout._numpy_envs.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode;
-- :class:`~torch_rollout._numpy_envs.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
+- :class:`~torch_rollout.envs._numpy.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode;
+- :class:`~torch_rollout.envs._numpy.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
   mode, :class:`~torch_rollout.DoubleBufferedVectorEnv`), whose steps return some of the envs at a time;
-- :class:`~torch_rollout._torch_envs.TorchEnvs`: vector envs of torch tensors, on their device.
+- :class:`~torch_rollout.envs._torch.TorchEnvs`: vector envs of torch tensors, on their device.
 
 A driver turns what its env returns into :class:`StepRecord` s with one meaning
 whatever the autoreset mode: the observation each env acts on next, the results
@@ -42,7 +42,7 @@ class StepRecord:
 
     Every array has one row per env of ``ids``: NumPy arrays for the host
     drivers, tensors on the env's device for
-    :class:`~torch_rollout._torch_envs.TorchEnvs`.
+    :class:`~torch_rollout.envs._torch.TorchEnvs`.
 
     Attributes:
         obs: the observation each env acts on next (after any reset).

@@ -2,7 +2,7 @@
 
 A remote placement (worker processes, Ray actors) asks each of its ``K``
 workers for its share of every batch and gathers one message per worker
-(:mod:`torch_rollout._messages`): :class:`Ready` once its envs are built (they are
+(:mod:`torch_rollout.placements._messages`): :class:`Ready` once its envs are built (they are
 reset by its first batch), then a :class:`Batch` per request, or :class:`Failed`.
 :class:`RemotePlacement` keeps what has arrived, the first failure, and the results for the consumer; a subclass only
 says how to wait for its workers' messages and how to put their shares
@@ -25,12 +25,12 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 
-from torch_rollout._acting import Forward
-from torch_rollout._drivers import make_loop
-from torch_rollout._envs import RemoteTraceback, split_envs
-from torch_rollout._loop import RolloutLoop
-from torch_rollout._messages import Batch, Failed, Ready, Stop
-from torch_rollout._spec import LoopSpec
+from torch_rollout.envs._gym import RemoteTraceback, split_envs
+from torch_rollout.loop._acting import Forward
+from torch_rollout.loop._drivers import make_loop
+from torch_rollout.loop._rollout import RolloutLoop
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.placements._messages import Batch, Failed, Ready, Stop
 
 __all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
 
@@ -63,7 +63,7 @@ class RemotePlacement:
         self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
         self._failure: BaseException | None = None  # a worker's error or death
         self.closed = False
-        # Each worker's Account.totals() as of its last batch (see torch_rollout._stats).
+        # Each worker's Account.totals() as of its last batch (see torch_rollout.loop._stats).
         self._accounts: list[tuple[float, float, float, float, int, int]] = [(0.0, 0.0, 0.0, 0.0, 0, 0)] * num_workers
 
     @property
@@ -131,7 +131,7 @@ class RemotePlacement:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
 
     def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
-        """Each worker's account of its time, as of its last batch (see :class:`torch_rollout._stats.Account`)."""
+        """Each worker's account of its time, as of its last batch (see :class:`torch_rollout.loop._stats.Account`)."""
         return list(self._accounts)
 
     def _await_ready(self, timeout: float | None, waiting_for: str) -> AutoresetMode:

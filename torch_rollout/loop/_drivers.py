@@ -1,11 +1,11 @@
 """Which driver steps which kind of vector env, chosen once when a placement builds its loop.
 
-- :class:`~torch_rollout._numpy_envs.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
+- :class:`~torch_rollout.envs._numpy.SendRecvEnvs`: envs stepped with ``send``/``recv`` (EnvPool in async
   mode, :class:`~torch_rollout.DoubleBufferedVectorEnv`);
-- :class:`~torch_rollout._torch_envs.TorchEnvs`: vector envs of torch tensors, on their device;
-- :class:`~torch_rollout._numpy_envs.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode.
+- :class:`~torch_rollout.envs._torch.TorchEnvs`: vector envs of torch tensors, on their device;
+- :class:`~torch_rollout.envs._numpy.NumpyEnvs`: gymnasium vector envs of NumPy arrays, in every autoreset mode.
 
-The one loop (:class:`~torch_rollout._loop.RolloutLoop`) runs each of them, and
+The one loop (:class:`~torch_rollout.loop._rollout.RolloutLoop`) runs each of them, and
 writes the same batches (keys, rows, masks, bootstrap values) for the same transitions.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
-from torch_rollout._acting import Forward
-from torch_rollout._env_seam import EnvDriver
-from torch_rollout._envpool import check_envpool
-from torch_rollout._loop import RolloutLoop
-from torch_rollout._numpy_envs import NumpyEnvs, SendRecvEnvs, is_async_pool
-from torch_rollout._spec import LoopSpec
-from torch_rollout._torch_envs import TorchEnvs, presents_torch
+from torch_rollout.envs._envpool import check_envpool
+from torch_rollout.envs._numpy import NumpyEnvs, SendRecvEnvs, is_async_pool
+from torch_rollout.envs._seam import EnvDriver
+from torch_rollout.envs._torch import TorchEnvs, presents_torch
+from torch_rollout.loop._acting import Forward
+from torch_rollout.loop._rollout import RolloutLoop
+from torch_rollout.loop._spec import LoopSpec
 
 __all__ = ["make_loop"]
 

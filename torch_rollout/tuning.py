@@ -29,11 +29,11 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from torch_rollout._envs import build_envs
-from torch_rollout._forkserver import start_server
-from torch_rollout._placement import Processes
-from torch_rollout._stats import Stats, available_cores
 from torch_rollout.collector import Collector, _check_int, _resolve_num_envs
+from torch_rollout.envs._gym import build_envs
+from torch_rollout.loop._stats import Stats, available_cores
+from torch_rollout.placements._backends import Processes
+from torch_rollout.placements._forkserver import start_server
 
 __all__ = ["MLPPolicy", "default_placements", "main", "tune"]
 
@@ -52,7 +52,7 @@ def default_placements(num_envs: int) -> list[dict[str, Any]]:
     out: pass it to :func:`tune` in ``placements`` to try it.
 
     Examples:
-        >>> from torch_rollout._stats import available_cores
+        >>> from torch_rollout.loop._stats import available_cores
         >>> placements = default_placements(num_envs=8)
         >>> placements[0], placements[2]
         ({'backend': 'thread', 'prefetch': 0}, {'backend': Processes(num_workers=1), 'prefetch': 1})

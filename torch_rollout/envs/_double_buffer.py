@@ -10,7 +10,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from torch_rollout._envs import EnvRecipe, GymEnvs, autoreset_mode, build_envs, explain_env_error
+from torch_rollout.envs._gym import EnvRecipe, GymEnvs, autoreset_mode, build_envs, explain_env_error
 
 __all__ = ["DoubleBufferedRecipe", "DoubleBufferedVectorEnv", "double_buffered"]
 
@@ -43,7 +43,7 @@ class DoubleBufferedVectorEnv(VectorEnv):
             spaces or autoreset mode.
     """
 
-    is_async = True  # stepped with send/recv by the collector (see torch_rollout._numpy_envs.is_async_pool)
+    is_async = True  # stepped with send/recv by the collector (see torch_rollout.envs._numpy.is_async_pool)
     autoreset_mode = AutoresetMode.NEXT_STEP  # as gymnasium's own vector envs say it, besides metadata
 
     def __init__(self, groups: Sequence[VectorEnv], *, env_offset: int = 0) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from torch_rollout._infos import check_info_keys
+from torch_rollout.envs._infos import check_info_keys
 
 __all__ = ["BATCH_KEYS", "BatchKeys", "CudaGraph", "LoopSpec"]
 

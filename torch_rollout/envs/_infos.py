@@ -18,8 +18,8 @@ from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from torch_rollout._devices import to_device
-from torch_rollout._spaces import where_rows
+from torch_rollout.envs._spaces import where_rows
+from torch_rollout.util._devices import to_device
 
 __all__ = ["EPISODE_STATISTICS", "InfoRecorder", "TensorInfoRecorder", "check_info_keys"]
 

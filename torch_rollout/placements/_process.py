@@ -1,7 +1,7 @@
 """The process placement: the collection loop in worker processes, batches and weights in shared memory.
 
 Each of ``K`` workers builds its share of the envs from a picklable recipe and
-runs the same :class:`~torch_rollout._loop.RolloutLoop` as the thread. Only
+runs the same :class:`~torch_rollout.loop._rollout.RolloutLoop` as the thread. Only
 small messages travel through the pipes: a request for the next batch, the
 index of the slot it was written to, an error. At set-up a worker sends its
 ``prefetch + 1`` batch slots (TensorDicts in shared memory) once; the
@@ -39,15 +39,21 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._acting import PolicyCall
-from torch_rollout._compile import acting_call
-from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
-from torch_rollout._forkserver import TrainerEnvironment, context
-from torch_rollout._loop import RolloutLoop, Stopped
-from torch_rollout._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
-from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
-from torch_rollout._spec import LoopSpec
-from torch_rollout._weights import named_weights
+from torch_rollout.envs._gym import EnvRecipe, build_envs, explain_env_error
+from torch_rollout.loop._acting import PolicyCall
+from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._rollout import RolloutLoop, Stopped
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._weights import named_weights
+from torch_rollout.placements._forkserver import TrainerEnvironment, context
+from torch_rollout.placements._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
+from torch_rollout.placements._remote import (
+    RemotePlacement,
+    error_message,
+    sigint_deferred,
+    worker_loop,
+    worker_rng_seed,
+)
 
 __all__ = ["ProcessPlacement", "check_shared_memory"]
 

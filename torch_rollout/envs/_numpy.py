@@ -15,11 +15,11 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from torch import Tensor
 
-from torch_rollout._autoreset import FINAL_OBS_KEYS, AutoresetReading
-from torch_rollout._double_buffer import DoubleBufferedVectorEnv
-from torch_rollout._env_seam import StepRecord
-from torch_rollout._infos import InfoRecorder
-from torch_rollout._spaces import (
+from torch_rollout.envs._autoreset import FINAL_OBS_KEYS, AutoresetReading
+from torch_rollout.envs._double_buffer import DoubleBufferedVectorEnv
+from torch_rollout.envs._infos import InfoRecorder
+from torch_rollout.envs._seam import StepRecord
+from torch_rollout.envs._spaces import (
     ActionConverter,
     ObsChecker,
     check_action_space,
@@ -28,7 +28,7 @@ from torch_rollout._spaces import (
     select_obs,
     stack_final_obs,
 )
-from torch_rollout._warnings import warn
+from torch_rollout.util._warnings import warn
 
 __all__ = ["NumpyEnvs", "SendRecvEnvs", "is_async_pool"]
 
@@ -127,7 +127,7 @@ class NumpyEnvs(_HostEnvs):
     An env whose metadata names no mode is read as NEXT_STEP until its step infos
     carry final observations, which switch it to SAME_STEP (with a warning) if no
     episode has ended before; infos that contradict the mode read raise (see
-    :class:`~torch_rollout._autoreset.AutoresetReading`).
+    :class:`~torch_rollout.envs._autoreset.AutoresetReading`).
     """
 
     def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:

@@ -68,7 +68,7 @@ __all__ = ["TrainerEnvironment", "context", "fork_is_safe", "start_server", "sta
 # What a worker needs (torch, tensordict, gymnasium and this package come with it), imported once per server
 # instead of once per worker: by a fresh server before it forks the first worker, by the trainer before it
 # forks the server at import.
-PRELOAD = ["torch_rollout._process"]
+PRELOAD = ["torch_rollout.placements._process"]
 # multiprocessing.forkserver.ForkServer's state in the Pythons whose fork server protocol this module speaks
 # (3.10-3.12); another set of fields (3.13 added authentication) starts the server multiprocessing's own way.
 _SERVER_FIELDS = {"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_inherited_fds", "_lock"}
@@ -76,7 +76,7 @@ _SERVER_FIELDS_WITH_PRELOAD = _SERVER_FIELDS | {"_preload_modules"}
 _TASKS = "/proc/self/task"  # one entry per OS thread of this process (Linux)
 # Set to 0, the server is not forked at import, only at the first worker's start (where that is safe).
 PREFORK_VARIABLE = "TORCH_ROLLOUT_PREFORK"
-_PACKAGE = __name__.rpartition(".")[0]
+_PACKAGE = __name__.partition(".")[0]
 # How long the trainer's exit waits for a server that serves no worker (it exits as soon as it sees the pipe's end).
 _EXIT_WAIT = 2.0
 # The trainer's __main__ module, kept alive in a forked server that replaced it, so that nothing it holds is freed.

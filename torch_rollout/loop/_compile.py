@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.distributions import Distribution
 
-from torch_rollout._acting import PolicyCall, call_policy
-from torch_rollout._spec import CudaGraph
+from torch_rollout.loop._acting import PolicyCall, call_policy
+from torch_rollout.loop._spec import CudaGraph
 
 __all__ = ["CompiledPolicy", "CudaGraph", "CudaGraphPolicy", "acting_call", "check_compile_policy"]
 

@@ -1,7 +1,7 @@
 """The Ray placement: the collection loop in Ray actors, batches and weights through Ray's object store.
 
 Each of ``K`` actors builds its share of the envs from a picklable recipe and
-runs the same :class:`~torch_rollout._loop.RolloutLoop` as the thread and the
+runs the same :class:`~torch_rollout.loop._rollout.RolloutLoop` as the thread and the
 worker processes, on whichever node Ray places it. A request for the next batch
 is one actor call per worker; the result, the worker's ``[T, n]`` rows as NumPy
 arrays, travels through Ray's object store (read without a copy on the
@@ -28,14 +28,20 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout._acting import PolicyCall
-from torch_rollout._compile import acting_call
-from torch_rollout._envs import EnvRecipe, build_envs, explain_env_error
-from torch_rollout._loop import Stopped
-from torch_rollout._messages import STOP, Batch, Failed, Ready, Stop
-from torch_rollout._remote import RemotePlacement, error_message, sigint_deferred, worker_loop, worker_rng_seed
-from torch_rollout._spec import LoopSpec
-from torch_rollout._weights import named_weights
+from torch_rollout.envs._gym import EnvRecipe, build_envs, explain_env_error
+from torch_rollout.loop._acting import PolicyCall
+from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._rollout import Stopped
+from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._weights import named_weights
+from torch_rollout.placements._messages import STOP, Batch, Failed, Ready, Stop
+from torch_rollout.placements._remote import (
+    RemotePlacement,
+    error_message,
+    sigint_deferred,
+    worker_loop,
+    worker_rng_seed,
+)
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
 
@@ -394,7 +400,7 @@ def _connect(ray: Any) -> bool:
 class _RayWorker:
     """One Ray actor: a share of the envs, the collection loop, and a copy of the policy.
 
-    Every method answers with a message of :mod:`torch_rollout._messages` instead of
+    Every method answers with a message of :mod:`torch_rollout.placements._messages` instead of
     raising: :class:`Ready`, :class:`Batch` (its arrays), :class:`Failed`, or :data:`STOP`
     once the collection was stopped.
     """
