@@ -21,14 +21,14 @@ from torch_rollout.envs._seam import EnvDriver
 from torch_rollout.envs._torch import TorchEnvs, presents_torch
 from torch_rollout.loop._acting import Forward
 from torch_rollout.loop._rollout import RolloutLoop
-from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._spec import LoopPlace, LoopSpec
 
 __all__ = ["make_loop"]
 
 
-def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, **placement: Any) -> RolloutLoop:
-    """The loop over ``envs``' driver, built with the placement's arguments (``device``, ``seed``, ``stop``, ...)."""
-    check_envpool(envs, placement.get("seed"))  # a pool of the user's own given a seed (it would ignore it)
+def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, place: LoopPlace) -> RolloutLoop:
+    """The loop over ``envs``' driver, run where ``place`` says (its device, first seed, stop, env offset)."""
+    check_envpool(envs, place.seed)  # a pool of the user's own given a seed (it would ignore it)
     if is_async_pool(envs):
         kind: type[Any] = SendRecvEnvs
     elif presents_torch(envs):
@@ -41,8 +41,6 @@ def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, **placement: An
         assert loop is not None  # made before the driver's first env call
         loop._non_finite(name, env, value, call)
 
-    driver: EnvDriver = kind(
-        envs, check_finite=spec.check_finite, non_finite=non_finite, env_offset=placement.get("env_offset", 0)
-    )
-    loop = RolloutLoop(driver, forward, spec, **placement)
+    driver: EnvDriver = kind(envs, check_finite=spec.check_finite, non_finite=non_finite, env_offset=place.env_offset)
+    loop = RolloutLoop(driver, forward, spec, place)
     return loop

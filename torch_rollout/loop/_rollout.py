@@ -32,7 +32,6 @@ rows, with a recurrent policy's state after the episode's last step.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from time import perf_counter
 from typing import Any, cast
 
@@ -46,7 +45,7 @@ from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_fini
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout.loop._recurrent import RecurrentState
 from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
-from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import Account
 from torch_rollout.util._devices import copy_into
 
@@ -79,13 +78,9 @@ class RolloutLoop:
         forward: the placement's policy call (it holds the weights lock and knows the version).
         spec: the collector's settings, the same for every loop (rows per batch, obs key, finite
             checks, info keys, a recurrent policy's initial state of all the collector's envs:
-            this loop takes the rows of its own envs, from ``env_offset``; the next observations' key).
-        device: where the policy runs (observations are moved there).
-        storage_device: where batches are written; ``device`` for the thread,
-            the CPU (shared memory) for worker processes.
-        seed: seed of the first reset (sub-env ``i`` gets ``seed + i``).
-        stop: polled before each step; True raises :class:`Stopped`.
-        env_offset: global index of env 0, for error messages and the initial state's rows.
+            this loop takes the rows of its own envs, from ``place.env_offset``; the next observations' key).
+        place: where this loop runs: its device and storage device, its first seed, its envs' global
+            offset and the stop its placement polls (:class:`Stopped` when it says so).
     """
 
     waiting: StepRecord | None  # observations to act on
@@ -96,23 +91,18 @@ class RolloutLoop:
         driver: EnvDriver,
         forward: Forward,
         spec: LoopSpec,
-        *,
-        device: torch.device,
-        storage_device: torch.device | None = None,
-        seed: int | None = None,
-        stop: Callable[[], bool] = lambda: False,
-        env_offset: int = 0,
+        place: LoopPlace,
     ) -> None:
         self.driver = driver
         self.envs = driver.envs
         self.num_steps = spec.num_steps
         self.num_envs = driver.num_envs
-        self.device = device
-        self.storage_device = device if storage_device is None else storage_device
-        self.seed = seed
+        self.device = device = place.device
+        self.storage_device = place.storage_device
+        self.seed = seed = place.seed
         self.check_finite = spec.check_finite
-        self.stop = stop
-        self.env_offset = env_offset
+        self.stop = place.stop
+        self.env_offset = env_offset = place.env_offset
         self.obs_key = spec.obs_key
         self.next_obs_key = spec.next_obs_key
         self.obs_space = self.envs.single_observation_space

@@ -5,15 +5,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 
 from torch_rollout.envs._infos import check_info_keys
 
-__all__ = ["BATCH_KEYS", "BatchKeys", "CudaGraph", "LoopSpec"]
+__all__ = ["BATCH_KEYS", "BatchKeys", "CudaGraph", "LoopPlace", "LoopSpec"]
 
 # Keys the collector writes into every batch: obs_key (and with next_obs, "next_" + obs_key) cannot take one of them.
 BATCH_KEYS = frozenset(
@@ -116,6 +117,30 @@ class LoopSpec:
     compile_options: dict[str, Any] | CudaGraph | None
     next_obs_key: str | None
     batch_slots: int = 0
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopPlace:
+    """Where one loop runs, beside the :class:`LoopSpec` that every loop of a collector shares: its placement's.
+
+    Attributes:
+        device: where the policy runs (observations are moved there).
+        storage_device: where batches are written: ``device`` for the thread, the CPU (shared memory or
+            Ray's object store) for a worker.
+        seed: the seed of the first reset (the loop's env ``i`` gets ``seed + i``), or None.
+        env_offset: the global index of the loop's env 0, for error messages and the initial state's rows.
+        stop: polled before each step; True stops the loop (it raises ``Stopped``).
+    """
+
+    device: torch.device
+    storage_device: torch.device
+    seed: int | None = None
+    env_offset: int = 0
+    stop: Callable[[], bool] = _never
 
 
 @dataclass(frozen=True)

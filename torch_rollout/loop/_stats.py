@@ -16,8 +16,34 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from time import perf_counter
+from typing import NamedTuple
 
-__all__ = ["Account", "Setting", "Stats", "WorkerStats"]
+__all__ = ["NO_TOTALS", "Account", "Setting", "Stats", "Totals", "WorkerStats"]
+
+
+class Totals(NamedTuple):
+    """One loop's account so far, as a worker sends it with each batch: seconds, then counts."""
+
+    env: float  # in the driver's env calls
+    policy: float  # in the policy's forward
+    work: float  # the loop's own work: its busy time less env and policy
+    idle: float  # between batches
+    batches: int
+    frames: int
+
+    def __sub__(self, earlier: Totals) -> Totals:
+        """What was added since ``earlier``, field by field."""
+        return Totals(
+            self.env - earlier.env,
+            self.policy - earlier.policy,
+            self.work - earlier.work,
+            self.idle - earlier.idle,
+            self.batches - earlier.batches,
+            self.frames - earlier.frames,
+        )
+
+
+NO_TOTALS = Totals(0.0, 0.0, 0.0, 0.0, 0, 0)
 
 
 class Account:
@@ -34,12 +60,12 @@ class Account:
         self.frames = 0
         self.since: float | None = None  # when the last collect() ended; None inside one and before the first
 
-    def totals(self, now: float | None = None) -> tuple[float, float, float, float, int, int]:
-        """``(env, policy, own work, idle, batches, frames)`` so far; with ``now``, idle counts up to it."""
+    def totals(self, now: float | None = None) -> Totals:
+        """Its totals so far; with ``now``, idle counts up to it."""
         idle = self.idle
         if now is not None and self.since is not None:
             idle += max(0.0, now - self.since)
-        return (self.env, self.policy, self.busy - self.env - self.policy, idle, self.batches, self.frames)
+        return Totals(self.env, self.policy, self.busy - self.env - self.policy, idle, self.batches, self.frames)
 
 
 @dataclass(frozen=True)
@@ -294,25 +320,27 @@ class StatsClock:
         self.work = 0.0  # the collector's work in the trainer's thread: weight refresh, GAE
         self.delivered = 0  # batches delivered
         self.start = perf_counter()
-        self.baseline: tuple[float, float, int, list[tuple[float, float, float, float, int, int]]] = (0.0, 0.0, 0, [])
+        self.baseline: tuple[float, float, int, list[Totals]] = (0.0, 0.0, 0, [])
 
-    def reset(self, workers: list[tuple[float, float, float, float, int, int]]) -> None:
+    def reset(self, workers: list[Totals]) -> None:
         self.start = perf_counter()
         self.baseline = (self.wait, self.work, self.delivered, workers)
 
-    def stats(
-        self, workers: list[tuple[float, float, float, float, int, int]], *, frames_per_batch: int, setting: Setting
-    ) -> Stats:
+    def stats(self, workers: list[Totals], *, frames_per_batch: int, setting: Setting) -> Stats:
         wait0, work0, delivered0, base = self.baseline
         per_worker = []
         for k, totals in enumerate(workers):
             before = base[k] if k < len(base) else None
-            if before is not None and totals[4] < before[4]:  # a restarted worker (Ray): its account began anew
+            if before is not None and totals.batches < before.batches:  # a restarted worker (Ray): begun anew
                 before = None
-            delta = totals if before is None else tuple(a - b for a, b in zip(totals, before))
+            delta = totals if before is None else totals - before
             per_worker.append(
                 WorkerStats(
-                    env=delta[0], policy=delta[1], collector=max(0.0, delta[2]), idle=delta[3], frames=int(delta[5])
+                    env=delta.env,
+                    policy=delta.policy,
+                    collector=max(0.0, delta.work),
+                    idle=delta.idle,
+                    frames=int(delta.frames),
                 )
             )
         batches = self.delivered - delivered0

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from torch_rollout.envs._gym import EnvRecipe, build_envs, check_picklable
 from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import acting_copy, check_policy_device
 from torch_rollout.placements._script import import_problem, main_globals, main_problem, unguarded_call
 
@@ -70,7 +71,7 @@ class Placement(Protocol):
     def start(self) -> None:
         """Begins serving requests; called last in the Collector's construction (after this, only reseeds)."""
 
-    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+    def accounts(self) -> list[Totals]:
         """Each loop's :meth:`torch_rollout.loop._stats.Account.totals`, in worker order (one for the thread)."""
 
     def request(self) -> None:

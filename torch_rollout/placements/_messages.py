@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch_rollout.loop._stats import Totals
+
 __all__ = ["COLLECT", "SLOTS_MAPPED", "STOP", "Batch", "Collect", "Failed", "Ready", "Reseed", "SlotsMapped", "Stop"]
 
 
@@ -51,7 +53,7 @@ class Batch:
 
     data: Any
     slots: list[Any] | None = None
-    account: tuple[float, float, float, float, int, int] | None = None  # the worker loop's Account.totals()
+    account: Totals | None = None  # the worker loop's Account.totals()
     autoreset_mode: str | None = None  # as the worker's loop reads its envs now (an undeclared env's, once shown)
 
 

@@ -29,7 +29,8 @@ from torch_rollout.envs._gym import RemoteTraceback, split_envs
 from torch_rollout.loop._acting import Forward
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._rollout import RolloutLoop
-from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._spec import LoopPlace, LoopSpec
+from torch_rollout.loop._stats import NO_TOTALS, Totals
 from torch_rollout.placements._messages import Batch, Failed, Ready, Stop
 
 __all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
@@ -64,7 +65,7 @@ class RemotePlacement:
         self._failure: BaseException | None = None  # a worker's error or death
         self.closed = False
         # Each worker's Account.totals() as of its last batch (see torch_rollout.loop._stats).
-        self._accounts: list[tuple[float, float, float, float, int, int]] = [(0.0, 0.0, 0.0, 0.0, 0, 0)] * num_workers
+        self._accounts: list[Totals] = [NO_TOTALS] * num_workers
 
     @property
     def extra_starts(self) -> int:
@@ -130,7 +131,7 @@ class RemotePlacement:
     def start(self) -> None:
         pass  # the workers started in __init__: their envs had to exist before the Collector did
 
-    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+    def accounts(self) -> list[Totals]:
         """Each worker's account of its time, as of its last batch (see :class:`torch_rollout.loop._stats.Account`)."""
         return list(self._accounts)
 
@@ -220,16 +221,8 @@ def worker_loop(
 
     The envs are not reset here: the first batch resets them, after any reseed (a resumed collector's).
     """
-    return make_loop(  # the driver of the envs' kind
-        envs,
-        forward,
-        spec,
-        device=device,
-        storage_device=torch.device("cpu"),
-        seed=seed,
-        stop=stop,
-        env_offset=start_index,
-    )
+    place = LoopPlace(device=device, storage_device=torch.device("cpu"), seed=seed, env_offset=start_index, stop=stop)
+    return make_loop(envs, forward, spec, place)  # the driver of the envs' kind
 
 
 def worker_rng_seed(k: int, restart: int = 0) -> int:

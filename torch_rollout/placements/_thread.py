@@ -34,7 +34,8 @@ from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._interaction import own_interaction_type
 from torch_rollout.loop._rollout import RolloutLoop, Stopped
-from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._spec import LoopPlace, LoopSpec
+from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import named_weights
 from torch_rollout.util._devices import indexed, is_device
 
@@ -80,7 +81,8 @@ class _LocalPlacement:
         self.requested = 0
         self.stop = threading.Event()
         # An EnvPool in async mode gets the loop that acts on whichever envs are ready.
-        self.loop: RolloutLoop = make_loop(envs, self.forward, spec, device=device, seed=seed, stop=self.stop.is_set)
+        place = LoopPlace(device=device, storage_device=device, seed=seed, stop=self.stop.is_set)
+        self.loop: RolloutLoop = make_loop(envs, self.forward, spec, place)
         # With compile_options, torch.compile'd calls (compiled at the loop's first call).
         self.act = acting_call(
             acting_policy, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
@@ -115,7 +117,7 @@ class _LocalPlacement:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def accounts(self) -> list[tuple[float, float, float, float, int, int]]:
+    def accounts(self) -> list[Totals]:
         """The loop's account of its time, idle counted up to now (see :class:`torch_rollout.loop._stats.Account`)."""
         return [self.loop.account.totals(time.perf_counter())]
 
