@@ -16,18 +16,25 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from torch_rollout.envs._gym import split_envs
 from torch_rollout.envs._isaac_lab import adapt_isaac_lab
 from torch_rollout.gae import GAE, add_advantages
+from torch_rollout.loop._arguments import (
+    check_envs,
+    check_options,
+    check_policy,
+    check_shares,
+    loop_spec,
+    resolve_device,
+    resolve_num_envs,
+)
 from torch_rollout.loop._checkpoint import Progress
 from torch_rollout.loop._compile import check_compile_policy
-from torch_rollout.loop._interaction import greedy_modules
 from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
-from torch_rollout.loop._spec import BATCH_KEYS, BatchKeys, CudaGraph, LoopSpec
+from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
 from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, Placement, resolve_backend
-from torch_rollout.util._devices import indexed
+from torch_rollout.placements._settings import PlacementSettings
 from torch_rollout.util._warnings import warn
 
 __all__ = ["Collector"]
@@ -215,46 +222,30 @@ class Collector:
         compile_policy: bool | Mapping[str, Any] | CudaGraph = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
-        _check_options(num_steps, prefetch, total_timesteps, gae, keys, timeout)
+        check_options(num_steps, prefetch, total_timesteps, keys, timeout)
+        _check_gae(gae)
         seeding = resolve_seed(seed)
         compile_options = check_compile_policy(compile_policy)
-        _check_policy(policy)
+        check_policy(policy)
         given = envs  # Isaac Lab's own env, which the collector adapts: claimed as itself, not as the adapter
         envs = adapt_isaac_lab(envs)
-        _check_envs(envs)
-        self.device = _resolve_device(device)
+        check_envs(envs)
+        self.device = resolve_device(device)
         chosen = resolve_backend(backend, envs, policy, self.device)
         chosen.check(envs, policy, compile_options)
-        if prefetch is None:
-            prefetch = chosen.default_prefetch(self.device)
-        num_envs = _resolve_num_envs(envs, num_envs)
-        num_workers = chosen.num_workers
-        _check_shares(envs, num_envs, num_workers)
-        spec = LoopSpec(
+        num_envs = resolve_num_envs(envs, num_envs)
+        check_shares(envs, num_envs, chosen.num_workers)
+        spec = loop_spec(
+            keys,
             num_steps=num_steps,
-            obs_key=keys.obs_key,
-            check_finite=bool(check_finite),
-            info_keys=keys.info_specs,
-            initial_state=None if initial_state is None else _initial_state(initial_state, num_envs, keys),
-            compile_options=compile_options,
-            next_obs_key=keys.next_obs_key,
-        )
-
-        self.policy = policy
-        self._backend = chosen.name
-        self.num_workers = num_workers
-        self.num_steps = num_steps
-        self.num_envs = num_envs
-        self.prefetch = prefetch
-        self.timeout = timeout
-        self.gae = gae
-        self.keys = keys
-        self._weight_pairs = WeightPairs(chosen.copy_reason(prefetch)[0])
-        self._placement: Placement = chosen.build(
-            envs,
-            policy,
             num_envs=num_envs,
-            spec=spec,
+            check_finite=check_finite,
+            initial_state=initial_state,
+            compile_options=compile_options,
+        )
+        settings = chosen.settings(
+            spec,
+            num_envs=num_envs,
             device=self.device,
             prefetch=prefetch,
             seed=None if seeding is None else seeding.env_seed(0, num_envs=num_envs),
@@ -262,27 +253,22 @@ class Collector:
             seed_step=seed_step(seeding, num_envs),
             timeout=timeout,
         )
-        self.envs = self._placement.envs
-        self._setting = Setting(
-            backend=chosen.name,
-            num_workers=num_workers,
-            num_envs=num_envs,
-            num_steps=num_steps,
-            prefetch=prefetch,
-            device=self.device.type,
-            live_envs=isinstance(envs, VectorEnv),
-            check_finite=bool(check_finite),
-            info_keys=len(keys.info_specs or ()),
-            cores=available_cores(),
-            gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        self.policy, self.gae, self.keys, self.seed = policy, gae, keys, seeding
+        self._backend, self.num_workers, self.prefetch = chosen.name, chosen.num_workers, settings.prefetch
+        self.num_steps, self.num_envs, self.timeout, self.total_timesteps = (
+            num_steps,
+            num_envs,
+            timeout,
+            total_timesteps,
         )
+        self._weight_pairs = WeightPairs(settings.copy_why)
+        self._placement: Placement = chosen.build(envs, policy, settings)
+        self.envs = self._placement.envs
+        self._setting = _verdict_setting(chosen, settings, live_envs=isinstance(envs, VectorEnv))
         self._clock = StatsClock()
-        self.total_timesteps = total_timesteps
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
-        claimed = given if isinstance(given, gymnasium.Env) else envs
-        self._driven = _claim(claimed, self) if isinstance(claimed, (VectorEnv, gymnasium.Env)) else None
-        self.seed = seeding
+        self._driven = _claim(given if isinstance(given, gymnasium.Env) else envs, self)
         self.closed = False
         _live.add(self)
         # Nothing is collected before iter() or next(): until then load_state_dict() may still reseed the envs.
@@ -545,8 +531,39 @@ class Collector:
         )
 
 
-def _claim(envs: VectorEnv | gymnasium.Env, collector: Collector) -> int:
-    """Records ``collector`` as the one stepping ``envs`` (wrappers included); refuses a second one."""
+def _check_gae(gae: Any) -> None:
+    if gae is not None and not isinstance(gae, GAE):
+        raise TypeError(
+            f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
+            f"{type(gae).__name__} {gae!r}"
+        )
+
+
+def _verdict_setting(backend: Backend, settings: PlacementSettings, *, live_envs: bool) -> Setting:
+    """What the verdict of :meth:`Collector.stats` knows of the collector."""
+    spec = settings.spec
+    return Setting(
+        backend=backend.name,
+        num_workers=backend.num_workers,
+        num_envs=settings.num_envs,
+        num_steps=spec.num_steps,
+        prefetch=settings.prefetch,
+        device=settings.device.type,
+        live_envs=live_envs,
+        check_finite=spec.check_finite,
+        info_keys=len(spec.info_keys or ()),
+        cores=available_cores(),
+        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    )
+
+
+def _claim(envs: Any, collector: Collector) -> int | None:
+    """Records ``collector`` as the one stepping live ``envs`` (wrappers included); refuses a second one.
+
+    Returns the key that :func:`_release` takes, or None where ``envs`` is a recipe (its envs are the collector's).
+    """
+    if not isinstance(envs, (VectorEnv, gymnasium.Env)):
+        return None
     key = id(envs.unwrapped)
     with _drivers_lock:
         other = _drivers.get(key)
@@ -565,182 +582,6 @@ def _release(key: int | None, collector: Collector) -> None:
     with _drivers_lock:
         if key is not None and _drivers.get(key) is collector:
             del _drivers[key]
-
-
-def _check_options(num_steps: Any, prefetch: Any, total_timesteps: Any, gae: Any, keys: Any, timeout: Any) -> None:
-    """Refuses option values of the wrong type or range, naming the argument, the value and what it must be."""
-    _check_int("num_steps", num_steps, minimum=1)
-    if prefetch is not None:
-        _check_int("prefetch", prefetch, minimum=0)
-    if total_timesteps is not None:
-        _check_int("total_timesteps", total_timesteps, minimum=1)
-    if gae is not None and not isinstance(gae, GAE):
-        raise TypeError(
-            f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
-            f"{type(gae).__name__} {gae!r}"
-        )
-    if not isinstance(keys, BatchKeys):
-        fix = f"; pass keys=torch_rollout.BatchKeys(**{dict(keys)!r})" if isinstance(keys, Mapping) else ""
-        raise TypeError(
-            f"Collector: keys must be a torch_rollout.BatchKeys(obs_key=..., info_keys=..., next_obs=...), got "
-            f"{type(keys).__name__} {keys!r}{fix}"
-        )
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise ValueError(f"Collector: timeout must be a positive number of seconds or None, got {timeout!r}")
-
-
-def _check_policy(policy: Any) -> None:
-    """Refuses a policy that is not a Module; warns for each probabilistic module that will not sample."""
-    if not isinstance(policy, nn.Module):
-        raise TypeError(f"Collector: policy must be a torch.nn.Module, got {type(policy).__name__}")
-    for name, mode in greedy_modules(policy):
-        warn(
-            f"Collector: the policy's probabilistic module {name!r} has default_interaction_type={mode}, so the "
-            "collector acts with it without sampling (TorchRL's collectors would set RANDOM around collection; "
-            "this one keeps each module's default, whatever the trainer sets): build it with "
-            "default_interaction_type=InteractionType.RANDOM to sample"
-        )
-
-
-def _check_envs(envs: Any) -> None:
-    if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
-        hint = ""
-        if isinstance(envs, gymnasium.Env):
-            num = getattr(envs.unwrapped, "num_envs", None)
-            hint = (
-                f" with num_envs={num}, a batched env: present it as a gymnasium.vector.VectorEnv of its num_envs "
-                "envs (torch_rollout.envs.FromIsaacLab does so for Isaac Lab's own envs, which the collector "
-                "recognises by their cfg.compute_final_obs)"
-                if isinstance(num, int) and num > 1
-                else " (wrap a single env with gymnasium.vector.SyncVectorEnv)"
-            )
-        raise TypeError(
-            f"Collector: envs must be a gymnasium.vector.VectorEnv, an env id str or a function "
-            f"make_envs(num_envs) -> VectorEnv, got {type(envs).__name__}{hint}"
-        )
-
-
-def _resolve_device(device: Any) -> torch.device:
-    """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    checked = _check_device(device)
-    _check_available(checked, device)
-    return indexed(checked)
-
-
-def _check_shares(envs: Any, num_envs: int, num_workers: int) -> None:
-    """Refuses more workers than envs, and a split of the envs that a recipe refuses, before any worker starts."""
-    if num_workers > num_envs:
-        raise ValueError(
-            f"Collector: num_workers={num_workers} is more than num_envs={num_envs}; each worker needs an env"
-        )
-    check_shares = getattr(envs, "check_shares", None)  # a recipe that refuses some splits
-    if callable(check_shares):
-        check_shares(split_envs(num_envs, num_workers))
-
-
-def _resolve_num_envs(envs: Any, num_envs: Any, *, who: str = "Collector") -> int:
-    """The number of envs: a live vector env's own (``num_envs`` must agree), else ``num_envs``, required.
-
-    ``who``: the call the errors name (``Collector``, ``tune``).
-    """
-    if isinstance(envs, VectorEnv):
-        if num_envs is not None and num_envs != envs.num_envs:
-            raise ValueError(
-                f"{who}: num_envs={num_envs} but the given vector env has num_envs={envs.num_envs}; "
-                "pass num_envs only with an env id or a make_envs function"
-            )
-        num_envs = envs.num_envs
-    elif num_envs is None:
-        raise ValueError(f"{who}: num_envs is required with an env id or a function (envs={envs!r}), e.g. num_envs=8")
-    _check_int("num_envs", num_envs, minimum=1, who=who)
-    return num_envs
-
-
-def _check_device(device: Any) -> torch.device:
-    """``device`` as a torch.device; a TypeError or ValueError naming the argument for anything torch cannot parse."""
-    if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
-        raise TypeError(
-            f"Collector: device must be a torch.device, a device string such as 'cpu', 'cuda' or 'cuda:1', or None, "
-            f"got {type(device).__name__} {device!r}"
-        )
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise ValueError(
-            f"Collector: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
-            "torch.device, or None (CUDA when available, else the CPU)"
-        ) from None
-
-
-def _check_available(device: torch.device, given: Any) -> None:
-    """Refuses a CUDA or MPS ``device`` that this machine does not have, naming the fix (before any env is built)."""
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            cuda = torch.version.cuda
-            build = f"built with CUDA {cuda}, but sees no GPU or driver" if cuda else "built without CUDA"
-            raise ValueError(
-                f"Collector: device={given!r} needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, "
-                f"{torch.__version__}, is {build}); pass device='cpu' (or device=None: CUDA when available, else the "
-                "CPU), or install a CUDA build of torch on a machine with an NVIDIA GPU and its driver"
-            )
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise ValueError(
-                f"Collector: device={given!r}, but torch.cuda.device_count() is {count}; pass a CUDA device from "
-                f"'cuda:0' to 'cuda:{count - 1}', or device='cuda' (the current one)"
-            )
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(
-            f"Collector: device={given!r} needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
-            "device='cpu' (MPS needs a Mac with macOS 12.3 or later)"
-        )
-
-
-def _check_int(name: str, x: Any, *, minimum: int, who: str = "Collector") -> None:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{who}: {name} must be an int >= {minimum}, got {type(x).__name__} {x!r}")
-    if x < minimum:
-        raise ValueError(f"{who}: {name} must be an int >= {minimum}, got {x}")
-
-
-# Keys of the batch and of a recurrent policy's call: initial_state's entries cannot use them (nor obs_key).
-_STATE_RESERVED_KEYS = BATCH_KEYS | {"value", "state_value", "log_prob", "is_init", "next", "next_state"}
-
-
-def _initial_state(initial_state: Any, num_envs: int, keys: BatchKeys) -> TensorDictBase:
-    """``initial_state`` as a TensorDict ``[num_envs, ...]`` on the CPU (workers take their rows of it)."""
-    given = initial_state
-    if callable(initial_state) and not isinstance(initial_state, (TensorDictBase, Mapping)):
-        initial_state = initial_state(num_envs)
-    if isinstance(initial_state, Mapping):
-        initial_state = TensorDict(dict(initial_state), batch_size=[])
-    if not isinstance(initial_state, TensorDictBase):
-        raise TypeError(
-            "Collector: initial_state must be a TensorDict of [num_envs, ...] tensors or a function "
-            f"initial_state(num_envs) returning one, got {type(given).__name__}"
-            + ("" if initial_state is given else f" returning {type(initial_state).__name__}")
-        )
-    leaves = list(initial_state.items(include_nested=True, leaves_only=True))
-    if not leaves:
-        raise ValueError("Collector: initial_state has no entries; pass initial_state=None for a policy without state")
-    for key, tensor in leaves:
-        if tensor.dim() == 0 or tensor.shape[0] != num_envs:
-            raise ValueError(
-                f"Collector: initial_state entry {key!r} has shape {tuple(tensor.shape)}, expected a leading size of "
-                f"num_envs={num_envs} (one row per env)"
-            )
-    observations = {keys.obs_key} if keys.next_obs_key is None else {keys.obs_key, keys.next_obs_key}
-    clash = sorted(key for key in initial_state.keys() if key in _STATE_RESERVED_KEYS | observations)
-    if clash:
-        raise ValueError(
-            f"Collector: initial_state entries {clash} would overwrite keys of the batch; the batch stores the state "
-            f"at initial_state's own keys, so name them otherwise (e.g. 'h', 'c', or 'recurrent_state_h')"
-        )
-    state = initial_state.detach().to("cpu").clone()
-    state.batch_size = [num_envs]
-    return state
 
 
 @atexit.register

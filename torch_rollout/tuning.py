@@ -29,8 +29,9 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from torch_rollout.collector import Collector, _check_int, _resolve_num_envs
+from torch_rollout.collector import Collector
 from torch_rollout.envs._gym import build_envs
+from torch_rollout.loop._arguments import check_int, resolve_num_envs
 from torch_rollout.loop._stats import Stats, available_cores
 from torch_rollout.placements._backends import Processes
 from torch_rollout.placements._forkserver import start_server
@@ -330,13 +331,13 @@ def _default_policy(envs: Any, num_envs: int) -> nn.Module:
 
 def _check_arguments(envs: Any, num_steps: Any, num_envs: Any, seconds: Any, train_seconds: Any) -> int:
     """Refuses arguments of the wrong type or range, naming the fix; returns the number of envs."""
-    _check_int("num_steps", num_steps, minimum=1, who="tune")
+    check_int("num_steps", num_steps, minimum=1, who="tune")
     if not isinstance(envs, (VectorEnv, str)) and not callable(envs):
         raise TypeError(
             f"tune: envs must be a gymnasium.vector.VectorEnv, an env id str or a function make_envs(num_envs), "
             f"got {type(envs).__name__} {envs!r}"
         )
-    num_envs = _resolve_num_envs(envs, num_envs, who="tune")
+    num_envs = resolve_num_envs(envs, num_envs, who="tune")
     for name, value, minimum in (("seconds", seconds, "> 0"), ("train_seconds", train_seconds, ">= 0")):
         number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not number or not (value > 0 if minimum == "> 0" else value >= 0):

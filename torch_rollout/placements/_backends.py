@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -28,6 +28,7 @@ from torch_rollout.loop._spec import LoopSpec
 from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import acting_copy, check_policy_device
 from torch_rollout.placements._script import import_problem, main_globals, main_problem, unguarded_call
+from torch_rollout.placements._settings import PlacementSettings
 
 if TYPE_CHECKING:
     from torch_rollout.loop._spec import CudaGraph
@@ -102,36 +103,54 @@ class Backend:
     def check(self, envs: Any, policy: nn.Module, compile_options: dict[str, Any] | CudaGraph | None) -> None:
         """Refuses ``envs``, ``policy`` or ``compile_options`` that this placement cannot use, naming the fix."""
 
-    def default_prefetch(self, device: torch.device) -> int:
-        """``prefetch=None``: batches collected ahead of the consumer."""
-        return 1
-
-    def copy_reason(self, prefetch: int) -> tuple[str, str]:
-        """The argument that makes the collector act with a copy of the policy, and the arguments that avoid it."""
-        return f"backend={self.name!r}", "backend='thread' with prefetch=0"
-
-    def build(
+    def settings(
         self,
-        envs: VectorEnv | EnvRecipe,
-        policy: nn.Module,
+        spec: LoopSpec,
         *,
         num_envs: int,
-        spec: LoopSpec,
         device: torch.device,
-        prefetch: int,
+        prefetch: int | None,
         seed: int | None,
         seed_step: int,
         timeout: float | None,
-    ) -> Placement:
-        """Builds and returns the running placement (a remote one has its envs built by then, not reset).
+    ) -> PlacementSettings:
+        """The settings of its placement: the Collector's, with this placement's default ``prefetch`` where it is
+        None, and the reason it would act with a copy of the policy."""
+        chosen = self._default_prefetch(device) if prefetch is None else prefetch
+        why, fix = self._copy_reason(chosen)
+        return PlacementSettings(
+            spec=spec,
+            num_envs=num_envs,
+            device=device,
+            prefetch=chosen,
+            seed=seed,
+            seed_step=seed_step,
+            timeout=timeout,
+            copy_why=why,
+            copy_fix=fix,
+        )
 
-        Env ``j`` is reset with ``seed + j``; envs built anew later (Ray's restarts) take the
-        next parts of the rank's seed stream, ``seed_step`` (``world_size * num_envs``) apart.
-        """
+    def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:
+        """Builds and returns the running placement (a remote one has its envs built by then, not reset)."""
         raise NotImplementedError
 
+    def _default_prefetch(self, device: torch.device) -> int:
+        return 1
 
-@dataclass(frozen=True)
+    def _copy_reason(self, prefetch: int) -> tuple[str, str]:
+        return f"backend={self.name!r}", "backend='thread' with prefetch=0"
+
+    def __repr__(self) -> str:
+        # num_workers, then only what differs from the defaults: a new setting changes no repr that does not set it.
+        given = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)  # type: ignore[arg-type]
+            if f.repr and (f.name == "num_workers" or getattr(self, f.name) != f.default)
+        ]
+        return f"{type(self).__name__}({', '.join(given)})"
+
+
+@dataclass(frozen=True, repr=False)
 class Thread(Backend):
     """The collection loop in the trainer's process: right for a CUDA policy and live envs.
 
@@ -147,49 +166,37 @@ class Thread(Backend):
     name: ClassVar[str] = "thread"
     num_workers: int = field(default=1, init=False, repr=False)
 
-    def default_prefetch(self, device: torch.device) -> int:
+    def _default_prefetch(self, device: torch.device) -> int:
         # Measured (docs/performance.md): on a CPU the thread shares the GIL with the trainer and collecting
         # ahead made training slower; in lockstep it is never slower.
         return 0 if device.type == "cpu" else 1
 
-    def copy_reason(self, prefetch: int) -> tuple[str, str]:
+    def _copy_reason(self, prefetch: int) -> tuple[str, str]:
         return f"prefetch={prefetch}", "prefetch=0"
 
-    def build(
-        self,
-        envs: VectorEnv | EnvRecipe,
-        policy: nn.Module,
-        *,
-        num_envs: int,
-        spec: LoopSpec,
-        device: torch.device,
-        prefetch: int,
-        seed: int | None,
-        seed_step: int,
-        timeout: float | None,
-    ) -> Placement:
+    def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:
         from torch_rollout.placements._thread import InlinePlacement, ThreadPlacement
 
         # In lockstep the batch is collected in the caller's thread, unless a thread must watch for a timeout.
-        placement = InlinePlacement if prefetch == 0 and timeout is None else ThreadPlacement
+        prefetch, device = settings.prefetch, settings.device
+        placement = InlinePlacement if prefetch == 0 and settings.timeout is None else ThreadPlacement
         owns_envs = not isinstance(envs, VectorEnv)
-        built = envs if isinstance(envs, VectorEnv) else build_envs(envs, num_envs)
+        built = envs if isinstance(envs, VectorEnv) else build_envs(envs, settings.num_envs)
         try:
             if prefetch == 0:
                 check_policy_device(policy, device)
                 acting_policy = policy
             else:
-                why, fix = self.copy_reason(prefetch)
-                acting_policy = acting_copy(policy, device, why=why, fix=fix)
+                acting_policy = acting_copy(policy, device, why=settings.copy_why, fix=settings.copy_fix)
             return placement(
                 built,
                 acting_policy,
                 # The trainer's batch, those waiting in ready and the one being filled: storage written again.
-                replace(spec, batch_slots=prefetch + 2),
+                replace(settings.spec, batch_slots=prefetch + 2),
                 owns_envs=owns_envs,
                 owned=acting_policy is not policy,
                 device=device,
-                seed=seed,
+                seed=settings.seed,
             )
         except BaseException:
             if owns_envs:
@@ -197,7 +204,7 @@ class Thread(Backend):
             raise
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Processes(Backend):
     """The collection loop in ``num_workers`` worker processes, each stepping a contiguous share of the envs.
 
@@ -242,44 +249,21 @@ class Processes(Backend):
         if unguarded is not None:
             raise RuntimeError(unguarded)
 
-    def build(
-        self,
-        envs: VectorEnv | EnvRecipe,
-        policy: nn.Module,
-        *,
-        num_envs: int,
-        spec: LoopSpec,
-        device: torch.device,
-        prefetch: int,
-        seed: int | None,
-        seed_step: int,
-        timeout: float | None,
-    ) -> Placement:
+    def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:
         from torch_rollout.placements._forkserver import start_server
         from torch_rollout.placements._process import ProcessPlacement, check_shared_memory
 
         assert not isinstance(envs, VectorEnv)  # refused by check()
         start_server()  # before the weights go to shared memory: a server forked from here would hold them too
-        why, fix = self.copy_reason(prefetch)
         # The workers share the acting copy's memory: a refresh writes it in place.
-        acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
+        acting_policy = acting_copy(policy, torch.device("cpu"), why=settings.copy_why, fix=settings.copy_fix)
         weights = sum(t.nbytes for t in itertools.chain(acting_policy.parameters(), acting_policy.buffers()))
         check_shared_memory(weights, "the policy's weights (the copy of them that the worker processes share)")
         acting_policy.share_memory()
-        return ProcessPlacement(
-            envs,
-            acting_policy,
-            spec,
-            num_envs=num_envs,
-            num_workers=self.num_workers,
-            prefetch=prefetch,
-            device=device,
-            seed=seed,
-            startup_timeout=timeout,
-        )
+        return ProcessPlacement(envs, acting_policy, settings, num_workers=self.num_workers)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Ray(Backend):
     """The collection loop in ``num_workers`` Ray actors, on the Ray this process is connected to (or a local one).
 
@@ -294,6 +278,8 @@ class Ray(Backend):
     Examples:
         >>> Ray(num_workers=4, options={"num_cpus": 1, "max_restarts": 2})
         Ray(num_workers=4, options={'num_cpus': 1, 'max_restarts': 2})
+        >>> Ray(num_workers=2)  # its repr leaves out the settings at their defaults
+        Ray(num_workers=2)
     """
 
     name: ClassVar[str] = "ray"
@@ -321,38 +307,13 @@ class Ray(Backend):
         if compile_options:
             check_ray_picklable("compile_policy", compile_options)
 
-    def build(
-        self,
-        envs: VectorEnv | EnvRecipe,
-        policy: nn.Module,
-        *,
-        num_envs: int,
-        spec: LoopSpec,
-        device: torch.device,
-        prefetch: int,
-        seed: int | None,
-        seed_step: int,
-        timeout: float | None,
-    ) -> Placement:
+    def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:
         from torch_rollout.placements._ray import RayPlacement
 
         assert not isinstance(envs, VectorEnv)  # refused by check()
-        why, fix = self.copy_reason(prefetch)
         # The acting copy stays in the trainer; Ray's object store carries it to the actors.
-        acting_policy = acting_copy(policy, torch.device("cpu"), why=why, fix=fix)
-        return RayPlacement(
-            envs,
-            acting_policy,
-            spec,
-            num_envs=num_envs,
-            num_workers=self.num_workers,
-            prefetch=prefetch,
-            device=device,
-            seed=seed,
-            seed_step=seed_step,
-            startup_timeout=timeout,
-            options=self.options,
-        )
+        acting_policy = acting_copy(policy, torch.device("cpu"), why=settings.copy_why, fix=settings.copy_fix)
+        return RayPlacement(envs, acting_policy, settings, num_workers=self.num_workers, options=self.options)
 
 
 def resolve_backend(backend: Any, envs: Any, policy: nn.Module, device: torch.device) -> Backend:

@@ -54,6 +54,7 @@ from torch_rollout.placements._remote import (
     worker_loop,
     worker_rng_seed,
 )
+from torch_rollout.placements._settings import PlacementSettings
 
 __all__ = ["ProcessPlacement", "check_shared_memory"]
 
@@ -108,14 +109,11 @@ class ProcessPlacement(RemotePlacement):
     Args:
         recipe: env id or ``make_envs(num_envs[, start_index])``, pickled to each worker.
         acting_policy: the acting copy, already in shared memory (its tensors are refreshed in place).
-        spec: the loops' settings, pickled to each worker.
-        num_envs: envs in all (``N``), split into contiguous shares.
+        settings: the placement's settings; its loops' spec is pickled to each worker, batches are
+            delivered on its ``device`` (where the workers run the policy), a worker collects up to
+            ``prefetch`` batches ahead in ``prefetch + 1`` slots, and ``timeout`` bounds the wait for the
+            workers to build their envs and for a worker's forward pass to end before a weight refresh.
         num_workers: worker processes (``K``).
-        prefetch: batches a worker may collect ahead; it keeps ``prefetch + 1`` slots.
-        device: where batches are delivered (and where workers run the policy).
-        seed: env ``j`` is seeded ``seed + j``.
-        startup_timeout: seconds to wait for the workers to build their envs (the collector's ``timeout``),
-            and for a worker's forward pass to end before a weight refresh.
 
     Before any batch it checks that the workers' slots fit in /dev/shm (at
     least their observations, actions and the loop's own keys), and refuses
@@ -128,20 +126,11 @@ class ProcessPlacement(RemotePlacement):
     """
 
     def __init__(
-        self,
-        recipe: EnvRecipe,
-        acting_policy: nn.Module,
-        spec: LoopSpec,
-        *,
-        num_envs: int,
-        num_workers: int,
-        prefetch: int,
-        device: torch.device,
-        seed: int | None,
-        startup_timeout: float | None,
+        self, recipe: EnvRecipe, acting_policy: nn.Module, settings: PlacementSettings, *, num_workers: int
     ) -> None:
-        super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
-        self.timeout = startup_timeout  # the collector's timeout: also how long a refresh waits for a forward pass
+        super().__init__(num_envs=settings.num_envs, num_workers=num_workers, device=settings.device)
+        spec, prefetch, seed, num_envs = settings.spec, settings.prefetch, settings.seed, settings.num_envs
+        self.timeout = settings.timeout  # the collector's timeout: also how long a refresh waits for a forward pass
         ctx = context()
         self.weights: dict[str, Tensor] | None = dict(named_weights(acting_policy))
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -166,7 +155,7 @@ class ProcessPlacement(RemotePlacement):
                             spec=spec,
                             num_envs=count,
                             start_index=start,
-                            device=device,
+                            device=settings.device,
                             seed=None if seed is None else seed + start,
                             num_slots=prefetch + 1,
                             rng_seed=worker_rng_seed(index),
@@ -182,7 +171,7 @@ class ProcessPlacement(RemotePlacement):
                 self.conns.append(parent_end)
                 self.processes.append(process)
             # Each worker reports once its envs are built (or the error that stopped it); its first batch resets them.
-            self.autoreset_mode = self._await_ready(startup_timeout, "the worker processes did not build their envs")
+            self.autoreset_mode = self._await_ready(settings.timeout, "the worker processes did not build their envs")
             # Before the first batch: the slots are allocated then, and torch's error would not say why or what helps.
             rows = sum(self._row_bytes[k] * count for k, (_, count) in enumerate(self.shares))
             check_shared_memory(

@@ -32,7 +32,6 @@ from torch_rollout.envs._gym import EnvRecipe, build_envs, explain_env_error
 from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._rollout import Stopped
-from torch_rollout.loop._spec import LoopSpec
 from torch_rollout.loop._weights import named_weights
 from torch_rollout.placements._messages import STOP, Batch, Failed, Ready, Stop
 from torch_rollout.placements._remote import (
@@ -42,6 +41,7 @@ from torch_rollout.placements._remote import (
     worker_loop,
     worker_rng_seed,
 )
+from torch_rollout.placements._settings import PlacementSettings
 
 __all__ = ["RayPlacement", "check_ray_picklable", "import_ray"]
 
@@ -103,16 +103,13 @@ class RayPlacement(RemotePlacement):
         recipe: env id or ``make_envs(num_envs[, start_index])``, sent to each actor (cloudpickle).
         acting_policy: the acting copy of the policy on the CPU; it stays in the trainer (its tensors
             become views of one flat buffer, published at each refresh).
-        spec: the loops' settings, sent to each actor.
-        num_envs: envs in all (``N``), split into contiguous shares.
+        settings: the placement's settings: its loops' spec is sent to each actor; batches are
+            delivered on its ``device`` (actors run the policy on the CPU, or on their CUDA device when
+            ``options`` gives them GPUs); a worker collects up to ``prefetch`` batches ahead (requests
+            queued at its actor); env ``j`` is seeded ``seed + j``, and a restarted worker's envs take the
+            next part of the seed stream, ``seed_step`` on; ``timeout`` bounds the wait for the actors to be
+            placed and to build their envs.
         num_workers: actors (``K``).
-        prefetch: batches a worker may collect ahead (requests queued at its actor).
-        device: where batches are delivered. Actors run the policy on the CPU, or on their
-            CUDA device when ``options`` gives them GPUs.
-        seed: env ``j`` is seeded ``seed + j``.
-        seed_step: how far apart the parts of the rank's seed stream are (``world_size * num_envs``):
-            a restarted worker's envs take the next one.
-        startup_timeout: seconds to wait for the actors to be placed and to build their envs.
         options: Ray actor options for every worker (``num_cpus``, ``num_gpus``, ``resources``,
             ``runtime_env``, ``scheduling_strategy``, ...), and ``max_restarts``: how many times
             torch_rollout recreates a worker whose actor died (default 0: the death is an error).
@@ -133,21 +130,16 @@ class RayPlacement(RemotePlacement):
         self,
         recipe: EnvRecipe,
         acting_policy: nn.Module,
-        spec: LoopSpec,
+        settings: PlacementSettings,
         *,
-        num_envs: int,
         num_workers: int,
-        prefetch: int,
-        device: torch.device,
-        seed: int | None,
-        seed_step: int,
-        startup_timeout: float | None,
         options: Mapping[str, Any] | None,
     ) -> None:
-        super().__init__(num_envs=num_envs, num_workers=num_workers, device=device)
+        super().__init__(num_envs=settings.num_envs, num_workers=num_workers, device=settings.device)
         ray = self.ray = import_ray()
-        self.seed = seed
-        self.seed_step = seed_step
+        spec, startup_timeout = settings.spec, settings.timeout
+        self.seed = settings.seed
+        self.seed_step = settings.seed_step
         options = dict(options or {})
         self.max_restarts = options.pop("max_restarts", 0)  # checked by torch_rollout.Ray
         self.restarts = [0] * num_workers
