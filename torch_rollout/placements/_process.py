@@ -29,7 +29,6 @@ import signal
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -39,7 +38,7 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that share
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout.envs._gym import EnvRecipe, build_envs, explain_env_error
+from torch_rollout.envs._gym import EnvRecipe, explain_env_error
 from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._rollout import RolloutLoop, Stopped
@@ -49,10 +48,12 @@ from torch_rollout.placements._forkserver import TrainerEnvironment, context
 from torch_rollout.placements._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
 from torch_rollout.placements._remote import (
     RemotePlacement,
+    WorkerSetup,
     error_message,
     sigint_deferred,
+    start_worker,
     worker_loop,
-    worker_rng_seed,
+    worker_setup,
 )
 from torch_rollout.placements._settings import PlacementSettings
 
@@ -129,7 +130,7 @@ class ProcessPlacement(RemotePlacement):
         self, recipe: EnvRecipe, acting_policy: nn.Module, settings: PlacementSettings, *, num_workers: int
     ) -> None:
         super().__init__(num_envs=settings.num_envs, num_workers=num_workers, device=settings.device)
-        spec, prefetch, seed, num_envs = settings.spec, settings.prefetch, settings.seed, settings.num_envs
+        spec, prefetch, num_envs = settings.spec, settings.prefetch, settings.num_envs
         self.timeout = settings.timeout  # the collector's timeout: also how long a refresh waits for a forward pass
         ctx = context()
         self.weights: dict[str, Tensor] | None = dict(named_weights(acting_policy))
@@ -142,23 +143,21 @@ class ProcessPlacement(RemotePlacement):
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         try:
-            for index, (start, count) in enumerate(self.shares):
+            for index in range(num_workers):
                 parent_end, child_end = ctx.Pipe()
                 process = ctx.Process(
                     target=_worker_main,
                     name=f"torch_rollout-worker-{index}",
                     args=(
                         TrainerEnvironment(),  # first: unpickled before the modules of the recipe and the policy
-                        _WorkerSetup(
-                            index=index,
-                            recipe=recipe,
-                            spec=spec,
-                            num_envs=count,
-                            start_index=start,
+                        worker_setup(
+                            index,
+                            recipe,
+                            settings,
+                            self.shares,
+                            threads=1,
                             device=settings.device,
-                            seed=None if seed is None else seed + start,
-                            num_slots=prefetch + 1,
-                            rng_seed=worker_rng_seed(index),
+                            num_slots=settings.prefetch + 1,
                         ),
                         child_end,
                         acting_policy,
@@ -376,24 +375,9 @@ def _end_processes(processes: list[multiprocessing.process.BaseProcess], wait: f
 # -- the worker process -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class _WorkerSetup:
-    """What worker process ``index`` is started with, besides the objects it shares with the trainer."""
-
-    index: int
-    recipe: EnvRecipe
-    spec: LoopSpec
-    num_envs: int  # of its share
-    start_index: int  # the global index of its first env
-    device: torch.device  # where it runs the policy
-    seed: int | None  # of its first env
-    num_slots: int  # prefetch + 1 batch slots in shared memory
-    rng_seed: int  # of its sampling stream
-
-
 def _worker_main(
     environment: TrainerEnvironment,
-    setup: _WorkerSetup,
+    setup: WorkerSetup,
     conn: multiprocessing.connection.Connection,
     policy: nn.Module,
     lock: Any,
@@ -403,22 +387,16 @@ def _worker_main(
 
     It took on the trainer's ``environment`` as it unpickled its arguments.
     """
-    _set_up_worker_process(setup.rng_seed)
+    _set_up_worker_process()
     ctrl = control.numpy()
     envs = None
+    device = setup.device
+    assert device is not None  # a worker process runs the policy on the collector's device
     try:
         with torch.no_grad():
-            envs = build_envs(setup.recipe, setup.num_envs, start_index=setup.start_index)
-            forward = _WorkerForward(policy, lock, ctrl, setup.device, setup.spec, setup.num_envs)
-            loop = worker_loop(
-                envs,
-                setup.spec,
-                forward,
-                start_index=setup.start_index,
-                device=setup.device,
-                seed=setup.seed,
-                stop=lambda: bool(ctrl[_STOP]),
-            )
+            envs = start_worker(setup)
+            forward = _WorkerForward(policy, lock, ctrl, device, setup.spec, setup.num_envs)
+            loop = worker_loop(envs, setup, forward, device=device, stop=lambda: bool(ctrl[_STOP]))
             conn.send(
                 Ready(
                     {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
@@ -440,11 +418,9 @@ def _worker_main(
                 pass
 
 
-def _set_up_worker_process(rng_seed: int) -> None:
+def _set_up_worker_process() -> None:
     # Ctrl-C reaches the whole process group: the trainer decides, and closes the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)  # K workers and the trainer share the cores; a team per process would spin
-    torch.manual_seed(rng_seed)  # a sampling stream of its own (the forkserver's is every worker's)
     if "fork" in multiprocessing.get_all_start_methods():
         # This process came from the forkserver, whose start method it inherits: every process that a vector env
         # of processes (AsyncVectorEnv) starts would then import the trainer's main module again (seconds each,
@@ -453,7 +429,7 @@ def _set_up_worker_process(rng_seed: int) -> None:
     _watch_parent()
 
 
-def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: _WorkerSetup) -> None:
+def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: WorkerSetup) -> None:
     """Answers each :data:`COLLECT` with a batch written into the next slot, until :data:`STOP`."""
     slots: list[TensorDict] = []
     credits: int | None = 0  # requests that arrived while the worker waited for the trainer to map its slots

@@ -20,6 +20,7 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from torch_rollout.envs._gym import EnvRecipe, build_envs, explain_env_error
+from torch_rollout.envs._gym import EnvRecipe, explain_env_error
 from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._rollout import Stopped
@@ -36,10 +37,12 @@ from torch_rollout.loop._weights import named_weights
 from torch_rollout.placements._messages import STOP, Batch, Failed, Ready, Stop
 from torch_rollout.placements._remote import (
     RemotePlacement,
+    WorkerSetup,
     error_message,
     sigint_deferred,
+    start_worker,
     worker_loop,
-    worker_rng_seed,
+    worker_setup,
 )
 from torch_rollout.placements._settings import PlacementSettings
 
@@ -137,10 +140,10 @@ class RayPlacement(RemotePlacement):
     ) -> None:
         super().__init__(num_envs=settings.num_envs, num_workers=num_workers, device=settings.device)
         ray = self.ray = import_ray()
-        spec, startup_timeout = settings.spec, settings.timeout
-        self.seed = settings.seed
-        self.seed_step = settings.seed_step
+        startup_timeout = settings.timeout
+        self.settings, self._recipe = settings, recipe
         options = dict(options or {})
+        self._threads = max(1, int(options.get("num_cpus", 1)))
         self.max_restarts = options.pop("max_restarts", 0)  # checked by torch_rollout.Ray
         self.restarts = [0] * num_workers
         self._pending: collections.deque[list[Any]] = collections.deque()  # per requested batch: K result refs
@@ -161,7 +164,7 @@ class RayPlacement(RemotePlacement):
                 f"Collector: Ray(options={dict(options)!r}) are not valid Ray actor options: {exc}"
             ) from exc
         try:
-            self._payload = ray.put((recipe, acting_policy, spec))
+            self._payload = ray.put(acting_policy)  # once for all actors, however many restarts
             self._ready_refs = [self._start(k) for k in range(num_workers)]
             self.autoreset_mode = self._await_ready(
                 startup_timeout,
@@ -174,11 +177,18 @@ class RayPlacement(RemotePlacement):
 
     def _start(self, k: int) -> Any:
         """Creates worker ``k``'s actor and asks it to build its envs (not reset them); returns its answer's ref."""
-        start, count = self.shares[k]
-        seed = None if self.seed is None else self.seed + start + self.restarts[k] * self.seed_step
+        setup = worker_setup(
+            k,
+            self._recipe,
+            self.settings,
+            self.shares,
+            threads=self._threads,  # one per CPU Ray gives the actor (1 by default): K actors share a node's cores
+            device=None,  # the actor's GPU where Ray gives it one
+            restart=self.restarts[k],
+        )
         self.actors[k] = actor = self._actor_class.remote()
         self._sent[k] = 0
-        return actor.setup.remote(k, self._payload, count, start, seed, worker_rng_seed(k, self.restarts[k]))
+        return actor.setup.remote(setup, self._payload)
 
     @property
     def extra_starts(self) -> int:
@@ -218,7 +228,7 @@ class RayPlacement(RemotePlacement):
         Before the first request: an actor runs its calls in order, so the reseed comes first.
         Restarted workers count their restarts on from this seed.
         """
-        self.seed = seed
+        self.settings = replace(self.settings, seed=seed)  # what restarted workers' set-ups take
         for k, (start, _) in enumerate(self.shares):
             self.actors[k].reseed.remote(None if seed is None else seed + start)
 
@@ -401,15 +411,12 @@ class _RayWorker:
         self.envs: VectorEnv | None = None
         self.out: TensorDict | None = None
 
-    def setup(
-        self, index: int, payload: tuple, num_envs: int, start_index: int, seed: int | None, rng_seed: int
-    ) -> Ready | Failed:
+    def setup(self, setup: WorkerSetup, policy: nn.Module) -> Ready | Failed:
         import ray
 
-        recipe, policy, spec = payload
         context = ray.get_runtime_context()
         self.is_canceled = getattr(context, "is_canceled", lambda: False)
-        self.start_index = start_index
+        self.start_index = setup.start_index
         info = {
             "actor": context.get_actor_id(),
             "node": ray.util.get_node_ip_address(),
@@ -417,28 +424,18 @@ class _RayWorker:
             "pid": os.getpid(),
         }
         try:
-            # One thread per CPU Ray gave the actor (1 by default): K actors share a node's cores.
-            torch.set_num_threads(max(1, int(context.get_assigned_resources().get("CPU", 1))))
-            torch.manual_seed(rng_seed)  # a sampling stream of its own, fixed by the trainer's torch.manual_seed
             device = torch.device("cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
             self.acting_policy = policy.to(device)
             self.flat = flatten_weights_(self.acting_policy, device)
             self.version = 0
+            spec = setup.spec
             # With compile_options, this actor compiles its own calls of the acting_policy (at the first one).
             self.act = acting_call(
-                self.acting_policy, spec.compile_options, num_envs=num_envs, obs_key=spec.obs_key, owned=True
+                self.acting_policy, spec.compile_options, num_envs=setup.num_envs, obs_key=spec.obs_key, owned=True
             )
             with torch.no_grad():
-                self.envs = build_envs(recipe, num_envs, start_index=start_index)
-                self.loop = worker_loop(
-                    self.envs,
-                    spec,
-                    self.forward,
-                    start_index=start_index,
-                    device=device,
-                    seed=seed,
-                    stop=self.is_canceled,
-                )
+                self.envs = start_worker(setup)
+                self.loop = worker_loop(self.envs, setup, self.forward, device=device, stop=self.is_canceled)
         except BaseException as exc:
             return self._error(exc)
         return Ready({**info, "autoreset_mode": self.loop.autoreset_mode.value})

@@ -6,8 +6,9 @@ workers for its share of every batch and gathers one message per worker
 reset by its first batch), then a :class:`Batch` per request, or :class:`Failed`.
 :class:`RemotePlacement` keeps what has arrived, the first failure, and the results for the consumer; a subclass only
 says how to wait for its workers' messages and how to put their shares
-together. On the worker's side, :func:`worker_loop` and
-:func:`error_message` are the set-up and the error reply that every worker uses.
+together. On the worker's side, :class:`WorkerSetup` (made by :func:`worker_setup`), :func:`start_worker`,
+:func:`worker_loop` and :func:`error_message` are the set-up, the loop and the error reply that every
+worker uses.
 """
 
 from __future__ import annotations
@@ -19,21 +20,32 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 
-from torch_rollout.envs._gym import RemoteTraceback, split_envs
+from torch_rollout.envs._gym import EnvRecipe, RemoteTraceback, build_envs, split_envs
 from torch_rollout.loop._acting import Forward
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._rollout import RolloutLoop
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import NO_TOTALS, Totals
 from torch_rollout.placements._messages import Batch, Failed, Ready, Stop
+from torch_rollout.placements._settings import PlacementSettings
 
-__all__ = ["RemotePlacement", "error_message", "sigint_deferred", "worker_loop", "worker_rng_seed"]
+__all__ = [
+    "RemotePlacement",
+    "WorkerSetup",
+    "error_message",
+    "sigint_deferred",
+    "start_worker",
+    "worker_loop",
+    "worker_rng_seed",
+    "worker_setup",
+]
 
 _SIGINT = int(signal.SIGINT)
 
@@ -207,22 +219,75 @@ class sigint_deferred:  # noqa: N801  (a context manager used as a function: `wi
 # -- the worker's side ----------------------------------------------------------------------------
 
 
-def worker_loop(
-    envs: VectorEnv,
-    spec: LoopSpec,
-    forward: Forward,
+@dataclass(frozen=True, kw_only=True)
+class WorkerSetup:
+    """What worker ``index`` of a remote placement starts with, besides the policy and what it shares with the trainer.
+
+    The same for a worker process and a Ray actor: :func:`worker_setup` makes it in the trainer,
+    :func:`start_worker` and :func:`worker_loop` use it in the worker.
+    """
+
+    index: int
+    recipe: EnvRecipe  # sent to the worker, which builds its envs from it
+    spec: LoopSpec
+    num_envs: int  # of its share
+    start_index: int  # the global index of its first env
+    seed: int | None  # of its first env's first reset
+    rng_seed: int  # of its sampling stream (worker_rng_seed)
+    threads: int  # torch's intra-op threads: the cores it was given
+    device: torch.device | None  # where it runs the policy; None: a Ray actor's GPU where Ray gave it one, else the CPU
+    num_slots: int = 0  # batch slots in shared memory (worker processes: prefetch + 1)
+
+
+def worker_setup(
+    k: int,
+    recipe: EnvRecipe,
+    settings: PlacementSettings,
+    shares: list[tuple[int, int]],
     *,
-    start_index: int,
-    device: torch.device,
-    seed: int | None,
-    stop: Callable[[], bool],
+    threads: int,
+    device: torch.device | None,
+    num_slots: int = 0,
+    restart: int = 0,
+) -> WorkerSetup:
+    """Worker ``k``'s set-up (its ``restart``-th actor's, for Ray): its share of the envs, their seed and its stream.
+
+    A restarted worker's envs take the next part of the rank's seed stream, ``seed_step`` per restart.
+    """
+    start, count = shares[k]
+    seed = settings.seed
+    return WorkerSetup(
+        index=k,
+        recipe=recipe,
+        spec=settings.spec,
+        num_envs=count,
+        start_index=start,
+        seed=None if seed is None else seed + start + restart * settings.seed_step,
+        rng_seed=worker_rng_seed(k, restart),
+        threads=threads,
+        device=device,
+        num_slots=num_slots,
+    )
+
+
+def start_worker(setup: WorkerSetup) -> VectorEnv:
+    """Sets the worker's torch threads and sampling stream, then builds its envs (not reset: its first batch does)."""
+    torch.set_num_threads(setup.threads)  # K workers and the trainer share the cores; a team per worker would spin
+    torch.manual_seed(setup.rng_seed)  # a sampling stream of its own (without it, every forked worker's is one)
+    return build_envs(setup.recipe, setup.num_envs, start_index=setup.start_index)
+
+
+def worker_loop(
+    envs: VectorEnv, setup: WorkerSetup, forward: Forward, *, device: torch.device, stop: Callable[[], bool]
 ) -> RolloutLoop:
-    """A worker's loop over its share of the envs (the first is global env ``start_index``), batches on the CPU.
+    """A worker's loop over its share of the envs, batches on the CPU.
 
     The envs are not reset here: the first batch resets them, after any reseed (a resumed collector's).
     """
-    place = LoopPlace(device=device, storage_device=torch.device("cpu"), seed=seed, env_offset=start_index, stop=stop)
-    return make_loop(envs, forward, spec, place)  # the driver of the envs' kind
+    place = LoopPlace(
+        device=device, storage_device=torch.device("cpu"), seed=setup.seed, env_offset=setup.start_index, stop=stop
+    )
+    return make_loop(envs, forward, setup.spec, place)  # the driver of the envs' kind
 
 
 def worker_rng_seed(k: int, restart: int = 0) -> int:
