@@ -222,7 +222,7 @@ class Collector:
         compile_policy: bool | Mapping[str, Any] | CudaGraph = False,
     ) -> None:
         self.closed = True  # until fully built, so that __del__ of a failed init is a no-op
-        check_options(num_steps, prefetch, total_timesteps, keys, timeout)
+        check_options(num_steps, total_timesteps, keys, timeout)
         _check_gae(gae)
         seeding = resolve_seed(seed)
         compile_options = check_compile_policy(compile_policy)

@@ -54,11 +54,12 @@ def loop_spec(
     )
 
 
-def check_options(num_steps: Any, prefetch: Any, total_timesteps: Any, keys: Any, timeout: Any) -> None:
-    """Refuses option values of the wrong type or range, naming the argument, the value and what it must be."""
+def check_options(num_steps: Any, total_timesteps: Any, keys: Any, timeout: Any) -> None:
+    """Refuses option values of the wrong type or range, naming the argument, the value and what it must be.
+
+    ``prefetch`` is the placement's to decide and check (``Backend.settings``).
+    """
     check_int("num_steps", num_steps, minimum=1)
-    if prefetch is not None:
-        check_int("prefetch", prefetch, minimum=0)
     if total_timesteps is not None:
         check_int("total_timesteps", total_timesteps, minimum=1)
     if not isinstance(keys, BatchKeys):

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout.envs._gym import EnvRecipe, build_envs, check_picklable
+from torch_rollout.loop._arguments import check_int
 from torch_rollout.loop._spec import LoopSpec
 from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import acting_copy, check_policy_device
@@ -116,6 +117,8 @@ class Backend:
     ) -> PlacementSettings:
         """The settings of its placement: the Collector's, with this placement's default ``prefetch`` where it is
         None, and the reason it would act with a copy of the policy."""
+        if prefetch is not None:
+            check_int("prefetch", prefetch, minimum=0)
         chosen = self._default_prefetch(device) if prefetch is None else prefetch
         why, fix = self._copy_reason(chosen)
         return PlacementSettings(
