@@ -244,3 +244,31 @@ def test_a_trainer_bound_run_on_the_thread_is_pointed_to_a_worker_process_where_
     assert "Processes(" not in trainer_bound(_setting(prefetch=1, live_envs=True))
     assert "Processes(" not in trainer_bound(_setting(prefetch=1, cores=1))
     assert "Processes(" not in trainer_bound(_setting(backend="process", prefetch=1))
+
+
+def test_a_policy_bound_run_is_not_sent_to_workers_that_would_only_split_its_cores():
+    # A 512x512 MLP on CartPole, 2 cores: the forward already runs on both of them as torch threads
+    policy_bound = dict(env=1.0, policy=8.0)
+    on_two_threads = _stats(_setting(cores=2, threads=2), **policy_bound).verdict()
+    assert "Processes(" not in on_two_threads
+    assert "compile_policy=True" in on_two_threads and "would split those cores" in on_two_threads
+    # where workers would add cores past the forward's threads, they are offered after the policy's own lever,
+    # saying what they expect
+    on_one_thread = _stats(_setting(cores=4, threads=1), **policy_bound).verdict()
+    assert on_one_thread.index("compile_policy=True") < on_one_thread.index("Processes(num_workers=4)")
+    assert "expects the policy's forward on 4 cores instead of 1" in on_one_thread
+    # env-bound: the env steps run on one core in the thread, so workers are still offered first
+    env_bound = _stats(_setting(cores=2, threads=2)).verdict()
+    assert env_bound.index("Processes(num_workers=2)") < env_bound.index("a faster env")
+    assert "expects env steps on 2 cores instead of 1" in env_bound
+
+
+def test_the_verdict_leaves_out_a_placement_measured_slower():
+    env_bound = _stats(_setting(cores=2))
+    assert "Processes(num_workers=2)" in env_bound.verdict()
+    assert "Processes(" not in env_bound.verdict(slower=["Processes(num_workers=2)"])
+    assert "a faster env" in env_bound.verdict(slower=["Processes(num_workers=2)"])
+    gil = _stats(_setting(prefetch=1), env=0.3, policy=0.4, collector=0.1, idle=9.2, wait=0.1)
+    assert "Processes(num_workers=1)" in gil.verdict()
+    assert "Processes(" not in gil.verdict(slower=["Processes(num_workers=1)"])
+    assert "Processes(" not in gil.describe(slower=["Processes(num_workers=1)"])

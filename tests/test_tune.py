@@ -292,3 +292,31 @@ def test_the_command_line_refuses_bad_numbers(option, message, capsys):
 
 def test_tune_is_the_function():
     assert torch_rollout.tune is tune and callable(torch_rollout.tune)
+
+
+def test_the_advice_printed_never_names_a_placement_just_measured_slower():
+    """The rule, on stubbed timings: the best's account would advise two workers, which the trials measured slower."""
+    from torch_rollout.loop._stats import Setting, Stats, WorkerStats
+    from torch_rollout.tuning import _Row, _table
+
+    def measured(fps: float, backend: str) -> Stats:
+        setting = Setting(
+            backend=backend, num_workers=1, num_envs=8, num_steps=128, prefetch=0, device="cpu", live_envs=False,
+            check_finite=False, info_keys=0, cores=2, gpus=0,
+        )  # fmt: skip
+        worker = WorkerStats(env=8.0, policy=1.0, collector=1.0, idle=0.0, frames=int(fps * 10))
+        return Stats(
+            seconds=10.0, frames=int(fps * 10), batches=10, env=8.0, policy=1.0, collector=1.0, idle=0.0, wait=9.0,
+            workers=(worker,), setting=setting,
+        )  # fmt: skip
+
+    best = _Row(options={"backend": "thread", "prefetch": 0}, stats=[measured(1000.0, "thread")])
+    assert "Processes(num_workers=2)" in best.median_stats().verdict()  # what it would advise unmeasured
+    two = _Row(options={"backend": Processes(num_workers=2), "prefetch": 1}, stats=[measured(840.0, "process")])
+    out = _table([best, two], best, wall=1.0)
+    (account,) = [line for line in out.splitlines() if line.startswith("its median round's account")]
+    assert "Processes(" not in account and "a faster env" in account
+    assert "not advised, measured slower than the best here: Processes(num_workers=2) 0.84x" in out
+    # a placement measured faster is not named as slower
+    faster = _Row(options={"backend": Processes(num_workers=2), "prefetch": 1}, stats=[measured(1200.0, "process")])
+    assert "not advised" not in _table([best, faster], faster, wall=1.0)

@@ -554,6 +554,7 @@ def _verdict_setting(backend: Backend, settings: PlacementSettings, *, live_envs
         info_keys=len(spec.info_keys or ()),
         cores=available_cores(),
         gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        threads=torch.get_num_threads() if backend.name == "thread" else 1,  # a worker acts with one
     )
 
 

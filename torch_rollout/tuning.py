@@ -33,7 +33,7 @@ from torch_rollout.collector import Collector
 from torch_rollout.envs._gym import build_envs
 from torch_rollout.loop._arguments import check_int, resolve_num_envs
 from torch_rollout.loop._stats import Stats, available_cores
-from torch_rollout.placements._backends import Processes
+from torch_rollout.placements._backends import Backend, Processes
 from torch_rollout.placements._forkserver import start_server
 
 __all__ = ["MLPPolicy", "default_placements", "main", "tune"]
@@ -414,13 +414,31 @@ def _table(rows: list[_Row], best: _Row, wall: float) -> str:
             + " |"
         )
     timed = sum(s.seconds for row in rows for s in row.stats)
+    slower = _measured_slower(rows, best)
     lines += [
         "",
         f"best: {best.label} ({best.median:,.0f} frames/s; {timed:.1f} s timed of {wall:.1f} s in all)",
-        f"its median round's account: {best.median_stats()}",
+        f"its median round's account: {best.median_stats().describe(slower=slower)}",
         *notes,
     ]
+    if slower:
+        measured = ", ".join(f"{placement} {ratio:.2f}x" for placement, ratio in slower.items())
+        lines.append(f"not advised, measured slower than the best here: {measured}")
     return "\n".join(lines)
+
+
+def _measured_slower(rows: list[_Row], best: _Row) -> dict[str, float]:
+    """Each placement measured slower than ``best`` (as its ``repr``), with its median's ratio to the best's."""
+    slower: dict[str, float] = {}
+    chosen = repr(best.options.get("backend"))
+    for row in rows:
+        backend = row.options.get("backend")
+        if row.stats and row is not best and isinstance(backend, Backend) and row.median < best.median:
+            placement = repr(backend)
+            if placement == chosen:  # the best's own placement, with other settings
+                continue
+            slower[placement] = max(slower.get(placement, 0.0), row.median / best.median)
+    return slower
 
 
 def _shares(stats: list[Stats]) -> dict[str, float]:

@@ -14,6 +14,7 @@ built or the account was last reset.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from time import perf_counter
 from typing import NamedTuple
@@ -105,6 +106,9 @@ class Setting:
     info_keys: int
     cores: int
     gpus: int
+    # torch's intra-op threads where the policy acts (the trainer's for the thread, 1 in a worker): the cores its
+    # forward already uses
+    threads: int = 1
 
 
 def available_cores() -> int:
@@ -177,8 +181,12 @@ class Stats:
             return dict.fromkeys(("env", "policy", "collector", "idle"), 0.0)
         return {key: getattr(self, key) / total for key in ("env", "policy", "collector", "idle")}
 
-    def verdict(self) -> str:
-        """What bounds the run, measured by this account, and the change that would help (or that none would)."""
+    def verdict(self, *, slower: Collection[str] = ()) -> str:
+        """What bounds the run, measured by this account, and the change that would help (or that none would).
+
+        Each lever says what it expects and why. ``slower``: placements (as their ``repr``, e.g.
+        ``"Processes(num_workers=2)"``) measured slower than this run's on this machine, which it does not offer.
+        """
         if self.batches == 0 or self.seconds <= 0:
             return "no batch delivered yet: nothing to judge"
         waiting = self.wait / self.seconds
@@ -187,7 +195,8 @@ class Stats:
                 f"training bounds the run: the trainer waited for batches {_pct(waiting)} of the time, so faster "
                 "collection (more envs or workers) would gain at most that; make the update faster"
             )
-            return found + self._gil_lever()
+            gil = self._gil_lever()
+            return found + ("" if any(placement in gil for placement in slower) else gil)
         busy = {key: getattr(self, key) for key in _SHARE_KEYS}
         collecting = sum(busy.values())
         if collecting <= 0:
@@ -197,8 +206,11 @@ class Stats:
             f"collection bounds the run (the trainer waited {_pct(waiting)} of the time; {_PHASES[top]} took "
             f"{_pct(busy[top] / collecting)} of the collection's busy time)"
         )
-        more, note = self._workers_lever()
-        levers = [lever for lever in (more, *self._phase_levers(top)) if lever]
+        more, note = self._workers_lever(top)
+        phase = self._phase_levers(top)
+        # Where the policy bounds the run, its own levers come first: workers add cores only beyond its threads.
+        levers = [lever for lever in ((*phase, more) if top == "policy" else (more, *phase)) if lever]
+        levers = [lever for lever in levers if not any(placement in lever for placement in slower)]
         if not levers:
             return f"{found}: none of the collector's settings is to blame; please report it with this line"
         return f"{found}: try " + "; or ".join(levers) + (f" ({note})" if note else "")
@@ -217,17 +229,28 @@ class Stats:
             "its own"
         )
 
-    def _workers_lever(self) -> tuple[str | None, str | None]:
-        """More worker processes (or Ray actors) where the cores allow (every phase of the loop runs in each); else
-        why not."""
+    def _workers_lever(self, top: str) -> tuple[str | None, str | None]:
+        """More worker processes (or Ray actors) where free cores allow (every phase of the loop runs in each, on
+        one core); else why not.
+
+        The cores counted: the trainer keeps one when it trains much of the time; a policy-bound run's forward
+        already runs on its torch threads, so workers add to it only past them.
+        """
         s = self.setting
         training = self.training / self.seconds
-        # The trainer keeps a core busy when it trains much of the time; otherwise the workers may take them all.
         usable = min(s.num_envs, s.cores if training < 0.25 else s.cores - 1)
         workers = s.num_workers if s.backend in ("process", "ray") else 0
         if usable <= workers or s.cores < 2:
             note = f"not more workers: {workers} already use the {s.cores} cores this process may run on"
             return None, note if workers else None
+        # The cores the bounding phase has now: a worker's one each; on the thread, the forward's torch threads,
+        # and one for everything else
+        in_use = workers or (s.threads if top == "policy" else 1)
+        if top == "policy" and usable <= in_use:
+            return None, (
+                f"not worker processes: the policy's forward already runs on {in_use} of the {s.cores} cores "
+                f"(torch threads), and {usable} workers would split those cores, not add to them"
+            )
         if s.live_envs:
             lever = (
                 "a function make_envs(num_envs) instead of the live vector env, to collect in worker processes "
@@ -237,7 +260,9 @@ class Stats:
             lever = f"more Ray actors: backend=torch_rollout.Ray(num_workers={usable}) ({s.cores} cores here)"
         else:
             lever = f"backend=torch_rollout.Processes(num_workers={usable}) ({s.cores} cores here)"
-        return lever, None
+        # What it can gain: the phase that bounds the run, on usable cores instead of the ones it has now
+        expects = f"{_PHASES[top]} on {usable} cores instead of {in_use}" if top in _PHASES else f"{usable} cores"
+        return f"{lever[:-1]}: expects {expects})", None
 
     def _phase_levers(self, top: str) -> list[str]:
         s = self.setting
@@ -299,12 +324,16 @@ class Stats:
         )
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, *, slower: Collection[str] = ()) -> str:
+        """``str(stats)``: the one line of frames per second, shares and the verdict (``verdict(slower=...)``)."""
         shares = self.shares()
         loops = ", ".join(f"{key} {_pct(value)}" for key, value in shares.items())
         waiting = self.wait / self.seconds if self.seconds > 0 else 0.0
         return (
             f"{self.fps:,.0f} frames/s over {self.seconds:.1f} s | collection: {loops} | trainer waits "
-            f"{_pct(waiting)} | {self.verdict()}"
+            f"{_pct(waiting)} | {self.verdict(slower=slower)}"
         )
 
 
