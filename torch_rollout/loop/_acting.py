@@ -77,27 +77,76 @@ def call_policy(
     training = [] if owned else [module for module in policy.modules() if module.training]
     for module in training:
         object.__setattr__(module, "training", False)
+    inputs = _inputs(call, obs_key)
+    versions = [tensor._version for _, tensor in inputs]
     try:
-        if functions is None:
-            method = getattr(policy, "get_value", None) if call.value_only else None
-            function = policy if method is None else method
-        else:
-            function = functions[1] if call.value_only and functions[1] is not None else functions[0]
-        if isinstance(policy, TensorDictModuleBase):
-            entries: dict[str, Any] = {obs_key: call.obs}
-            if call.state is not None:
-                assert call.is_init is not None  # set with every state
-                entries["is_init"] = call.is_init.unsqueeze(-1)
-            td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
-            if call.state is not None:
-                td.update(call.state)
-            return function(td)
-        if call.state is None:
-            return function(call.obs)
-        return function(call.obs, call.state, call.is_init)
+        result = _call(policy, call, obs_key, functions)
     finally:
         for module in training:
             object.__setattr__(module, "training", True)
+    if any(tensor._version != version for (_, tensor), version in zip(inputs, versions)):
+        _refuse_written_inputs(policy, inputs, versions, call.value_only)
+    return result
+
+
+def _call(
+    policy: nn.Module,
+    call: PolicyCall,
+    obs_key: str,
+    functions: tuple[Callable[..., Any], Callable[..., Any] | None] | None,
+) -> Any:
+    """The call itself: the forward, ``get_value`` or their compiled forms, with the arguments the policy takes."""
+    if functions is None:
+        method = getattr(policy, "get_value", None) if call.value_only else None
+        function = policy if method is None else method
+    else:
+        function = functions[1] if call.value_only and functions[1] is not None else functions[0]
+    if isinstance(policy, TensorDictModuleBase):
+        entries: dict[str, Any] = {obs_key: call.obs}
+        if call.state is not None:
+            assert call.is_init is not None  # set with every state
+            entries["is_init"] = call.is_init.unsqueeze(-1)
+        td = TensorDict(entries, batch_size=call.obs.shape[:1], device=call.obs.device)
+        if call.state is not None:
+            td.update(call.state)
+        return function(td)
+    if call.state is None:
+        return function(call.obs)
+    return function(call.obs, call.state, call.is_init)
+
+
+def _inputs(call: PolicyCall, obs_key: str) -> list[tuple[str, Tensor]]:
+    """The tensors a call hands the policy, by their batch keys: they share memory with the batch's rows."""
+    found: list[tuple[str, Tensor]] = []
+    parts: list[tuple[str, Any]] = [(obs_key, call.obs)]
+    if call.state is not None:
+        parts += [("", call.state), ("is_init", call.is_init)]
+    for key, value in parts:
+        if isinstance(value, Tensor):
+            found.append((key, value))
+        elif isinstance(value, TensorDictBase):
+            for name, leaf in value.items(include_nested=True, leaves_only=True):
+                name = ".".join(name) if isinstance(name, tuple) else name
+                found.append((f"{key}.{name}" if key else name, leaf))
+    return found
+
+
+def _refuse_written_inputs(
+    policy: nn.Module, inputs: list[tuple[str, Tensor]], versions: list[int], value_only: bool
+) -> None:
+    """The error for a policy that wrote a tensor it was given: the batch stores that very tensor.
+
+    Detected with torch's version counters (one read per input tensor before and after the call), so that
+    it is refused the same way on every placement and device, whether or not the input shared memory.
+    """
+    written = [key for (key, tensor), version in zip(inputs, versions) if tensor._version != version]
+    call = "get_value" if value_only and hasattr(policy, "get_value") else "forward"
+    raise ValueError(
+        f"Collector: the policy's {call} ({type(policy).__name__}) wrote its input {', '.join(map(repr, written))} "
+        "in place; the collector keeps those tensors (the batch's rows, the next step's input), so the batch would "
+        "hold the changed values: compute new tensors instead, e.g. obs = obs.clamp(-5, 5), not obs.clamp_(-5, 5); "
+        "obs = (obs - self.mean) / self.std, not obs -= self.mean; obs = obs / 255, not obs.div_(255)"
+    )
 
 
 @dataclass(frozen=True)
