@@ -11,6 +11,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from torch_rollout.envs._gym import EnvRecipe, GymEnvs, autoreset_mode, build_envs, explain_env_error
+from torch_rollout.util._notes import add_note
 
 __all__ = ["DoubleBufferedRecipe", "DoubleBufferedVectorEnv", "double_buffered"]
 
@@ -111,9 +112,8 @@ class DoubleBufferedVectorEnv(VectorEnv):
                 obs, reward, terminated, truncated, info = group.step_wait()
         except Exception as exc:
             explained = explain_env_error(group, exc, env_offset=self.env_offset + g * B)
-            if hasattr(explained, "add_note"):
-                first = self.env_offset + g * B
-                explained.add_note(f"(in group {g} of the DoubleBufferedVectorEnv: envs {first}..{first + B - 1})")
+            first = self.env_offset + g * B
+            add_note(explained, f"(in group {g} of the DoubleBufferedVectorEnv: envs {first}..{first + B - 1})")
             if explained is exc:
                 raise
             raise explained from explained.__cause__  # gymnasium's error, or the worker's traceback

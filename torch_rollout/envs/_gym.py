@@ -16,6 +16,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from torch_rollout.envs._isaac_lab import FromIsaacLab, is_isaac_lab
 from torch_rollout.envs._spaces import describe_bad_single_obs
+from torch_rollout.util._notes import add_note
 
 __all__ = [
     "EnvRecipe",
@@ -286,8 +287,8 @@ def _note_env(exc: BaseException, env: int) -> None:
     """Notes on ``exc`` the global index of the env that raised it, once (a vector env inside another reports too)."""
     note = f"(raised by env {env})"
     notes = getattr(exc, "__notes__", ())
-    if hasattr(exc, "add_note") and not any(n.startswith("(raised by env ") for n in notes):
-        exc.add_note(note)
+    if not any(n.startswith("(raised by env ") for n in notes):
+        add_note(exc, note)
 
 
 def _explain_dead_worker(base: AsyncVectorEnv, exc: BaseException) -> BaseException:

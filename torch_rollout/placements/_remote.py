@@ -35,6 +35,7 @@ from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import NO_TOTALS, Totals
 from torch_rollout.placements._messages import Batch, Failed, Ready, Stop
 from torch_rollout.placements._settings import PlacementSettings
+from torch_rollout.util._notes import add_note
 
 __all__ = [
     "RemotePlacement",
@@ -123,8 +124,7 @@ class RemotePlacement:
         """The worker's exception, its traceback text chained as the cause and a note naming the worker."""
         who = self._who(k)
         exc.__cause__ = RemoteTraceback(f'\n"""\nin {who}:\n{text}"""')
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"(raised in torch_rollout {who})")
+        add_note(exc, f"(raised in torch_rollout {who})")
         return exc
 
     def _gather(self, kind: str, deadline: float | None) -> bool:
