@@ -277,3 +277,18 @@ def test_missing_envpool_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # import envpool now raises ImportError
     with pytest.raises(ImportError, match=re.escape("pip install 'torch_rollout[envpool]'")):
         envpool_envs("CartPole-v1")
+
+
+@pytest.mark.parametrize("task_id", ["TicTacToe-v1", "IntersectionMultiAgent-v0"])
+def test_a_multi_player_task_is_refused_by_name_with_the_alternative(envpool, task_id):
+    fix = "collect a single-player task, or make each env single-player"
+    with pytest.raises(ValueError, match=re.escape(f"envpool_envs({task_id!r}): a multi-player task (2 players")) as e:
+        envpool_envs(task_id)
+    assert fix in str(e.value)
+    pool = envpool.make_gymnasium(task_id, num_envs=2)
+    try:
+        with pytest.raises(ValueError, match=re.escape("a multi-player task (2 players per env)")) as e:
+            Collector(pool, torch.nn.Linear(1, 1), num_steps=4, device="cpu", backend="thread")
+        assert fix in str(e.value)
+    finally:
+        pool.close()

@@ -85,11 +85,12 @@ class EnvPoolRecipe:
             # Async mode (batch_size < num_envs) is refused when num_envs is known, at the build.
             _check_int("batch_size", kwargs["batch_size"], "envpool_envs")
         try:
-            envpool.make_spec(task_id, num_envs=max(1, kwargs.get("batch_size", 1)), **kwargs)
+            spec = envpool.make_spec(task_id, num_envs=max(1, kwargs.get("batch_size", 1)), **kwargs)
         except (TypeError, ValueError, AssertionError) as exc:
             raise TypeError(
                 f"envpool_envs({task_id!r}): EnvPool refused the options {kwargs!r}: {type(exc).__name__}: {exc}"
             ) from exc
+        _refuse_players(getattr(spec.config, "max_num_players", 1), f"envpool_envs({task_id!r})")
         self.task_id = task_id
         self.kwargs = kwargs
 
@@ -221,6 +222,7 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
     if isinstance(base, EnvPoolVectorEnv) or not _is_pool(base):
         return
     config = base.config
+    _refuse_players(config.get("max_num_players", 1), f"Collector: envs is an EnvPool pool ({type(base).__name__})")
     if seed is not None:
         if config["batch_size"] < config["num_envs"]:  # the recipe builds sync pools only
             fix = f"make the pool with seed={seed} and pass seed=None"
@@ -236,6 +238,17 @@ def check_envpool(envs: VectorEnv, seed: int | None) -> None:
             f"seed={seed} would not reach the envs: {fix}"
         )
     _quiet_spaces(base)
+
+
+def _refuse_players(players: int, where: str) -> None:
+    """Refuses a multi-player task: its pool returns a row per player, and the batch's rows are one per env."""
+    if players > 1:
+        raise ValueError(
+            f"{where}: a multi-player task ({players} players per env), which the collector does not support: it "
+            "keeps one row per env and step, and this pool returns one per player; collect a single-player task, "
+            "or make each env single-player (a gymnasium env in which the other players are part of the env, "
+            "e.g. a fixed opponent) and pass its vector env or a make_envs function"
+        )
 
 
 def _is_pool(env: Any) -> bool:
