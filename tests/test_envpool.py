@@ -19,7 +19,7 @@ import torch
 from torch_rollout import BatchKeys, Collector, envpool_envs
 from torch_rollout.envs._envpool import EnvPoolVectorEnv
 
-from placements import LOCAL_PLACEMENTS
+from placements import PLACEMENTS, local_ray, on_ray
 
 TIMEOUT = 60.0
 N, T, LIMIT, SEED = 4, 32, 20, 3
@@ -61,6 +61,8 @@ def value_of(obs: torch.Tensor) -> torch.Tensor:
 
 
 def collect(placement: dict, *, seed: int | None = SEED, batches: int = 2, **kwargs) -> torch.Tensor:
+    if on_ray(placement):
+        local_ray()
     with Collector(
         envpool_envs("CartPole-v1", max_episode_steps=LIMIT),
         Recentre(),
@@ -82,7 +84,8 @@ def thread_batches():
     return collect({"backend": "thread"}, keys=BatchKeys(info_keys=INFO_KEYS))
 
 
-@pytest.mark.parametrize("placement", LOCAL_PLACEMENTS)
+@pytest.mark.ray  # each Ray actor builds a pool of its own share of the envs
+@pytest.mark.parametrize("placement", PLACEMENTS)
 def test_batches_are_exact_and_the_same_in_every_placement(placement, thread_batches):
     batch = collect(placement, keys=BatchKeys(info_keys=INFO_KEYS))
     obs, done, real = batch["obs"], batch["done"], batch["mask"]
@@ -292,3 +295,38 @@ def test_a_multi_player_task_is_refused_by_name_with_the_alternative(envpool, ta
         assert fix in str(e.value)
     finally:
         pool.close()
+
+
+def async_pool(num_envs: int, start_index: int = 0):
+    """A pool in EnvPool's async mode (half its envs per recv) whose env j is seeded 1 + its global index."""
+    import envpool
+
+    return envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, batch_size=num_envs // 2, seed=1 + start_index)
+
+
+@pytest.mark.ray
+@pytest.mark.filterwarnings("ignore:.*precision lowered:UserWarning")  # gymnasium on EnvPool's float64 bounds
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_async_pools_in_every_placement_give_the_rows_of_a_sync_pool(envpool, placement):
+    """Async pools built by a make_envs function (in the workers, one per worker's share) against one sync pool."""
+    sync = envpool.make_gymnasium("CartPole-v1", num_envs=8, seed=1)
+    try:
+        with Collector(sync, Recentre(), num_steps=T, total_timesteps=2 * T * 8, device="cpu", backend="thread") as c:
+            expected = torch.cat(list(c))
+    finally:
+        sync.close()
+    if on_ray(placement):
+        local_ray()
+    envs = async_pool(8) if placement["backend"] == "thread" else async_pool
+    options = {} if placement["backend"] == "thread" else {"num_envs": 8}
+    try:
+        with Collector(
+            envs, Recentre(), num_steps=T, total_timesteps=2 * T * 8, device="cpu", timeout=TIMEOUT, **placement,
+            **options,
+        ) as collector:  # fmt: skip
+            batch = torch.cat(list(collector))
+    finally:
+        if placement["backend"] == "thread":
+            envs.close()
+    for key in ("obs", "action", "reward", "terminated", "truncated", "mask", "episode_length", "value"):
+        assert torch.equal(batch[key], expected[key]), key
