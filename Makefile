@@ -6,6 +6,9 @@
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
+# `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10,
+# with gymnasium's lowest accepted release, and 3.13), each in a venv of its own that tests/pythons.sh builds once,
+# outside the checkout; PYTHONS='3.10' chooses.
 # `make bench-sims` times each of them (sims/bench_throughput.py: the env alone, a hand-written loop and the
 # collector's placements), in the same venvs, and writes benchmarks/results/sims_NAME.json; SIMS chooses too.
 
@@ -26,11 +29,15 @@ FLOAT_TESTS ?= tests/test_shaped_floats.py tests/test_gae.py tests/test_torch_lo
 	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
+# The Pythons of `make test-pythons`, each VERSION or VERSION:PIN,PIN (pins installed beside the extras)
+PYTHONS ?= 3.10:gymnasium==1.1.1 3.13
+PYTHONS_ROOT ?= $(HOME)/.cache/torch_rollout/pythons
+
 # The frameworks of sims/requirements/*.txt
 SIMS ?= $(basename $(notdir $(wildcard sims/requirements/*.txt)))
 SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 
-.PHONY: run test test-ray test-kernels coverage test-sims bench-sims lint clean
+.PHONY: run test test-ray test-kernels test-pythons coverage test-sims bench-sims lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +59,17 @@ test-ray: $(VENV)/.installed
 # The float-sensitive files on the other kernels (without Ray: its actors run the same code as the workers)
 test-kernels: $(VENV)/.installed
 	$(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
+
+# Every Python of PYTHONS runs, and the target fails if any did.
+test-pythons:
+	@failed=; for entry in $(PYTHONS); do \
+		version=$${entry%%:*}; pins=; case "$$entry" in *:*) pins=$$(echo "$${entry#*:}" | tr , ' ');; esac; \
+		bash tests/pythons.sh "$$version" '$(PYTHONS_ROOT)' '$(TORCH_SPEC)' $$pins || { failed="$$failed $$version"; continue; }; \
+		echo "== the suite on Python $$version ($(PYTHONS_ROOT)/$$version) $$pins"; \
+		PYTHONPATH='$(CURDIR)' '$(PYTHONS_ROOT)'/$$version/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+			--without-ray -p no:cacheprovider || failed="$$failed $$version"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-pythons: failed on Python$$failed"; exit 1; fi
 
 # `make test`'s pytest command under coverage.py (pyproject.toml's [tool.coverage.*]): the worker processes, their
 # fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute COVERAGE_FILE,

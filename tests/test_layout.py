@@ -42,7 +42,11 @@ def code_lines(source: str) -> set[int]:
         body = getattr(node, "body", None)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
             first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     lines: set[int] = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):

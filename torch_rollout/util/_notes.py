@@ -8,10 +8,11 @@ __all__ = ["add_note"]
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, and its like on Python 3.10, which has neither ``add_note`` nor notes in tracebacks.
+    """``exc.add_note(note)``, and its like on Python 3.10, which has no ``add_note``.
 
-    There the note is kept in ``exc.__notes__`` as 3.11 keeps it, and, so that a traceback shows it, added to
-    the message of an exception whose one argument is its message.
+    There the note is kept in ``exc.__notes__`` as 3.11 keeps it (code that reads the notes finds them), and the
+    message stays as it was. 3.10's tracebacks print no notes; a worker's error names the worker in the traceback
+    text chained to it as its cause, which they do print.
     """
     if sys.version_info >= (3, 11):
         exc.add_note(note)
@@ -21,5 +22,3 @@ def add_note(exc: BaseException, note: str) -> None:
         notes = []
         exc.__notes__ = notes  # type: ignore[attr-defined]  # (3.10's BaseException declares no __notes__)
     notes.append(note)
-    if len(exc.args) == 1 and isinstance(exc.args[0], str):
-        exc.args = (f"{exc.args[0]} {note}",)
