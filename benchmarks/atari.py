@@ -41,7 +41,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import math
 import statistics
@@ -55,15 +54,24 @@ from gymnasium.vector.utils import batch_space
 from torch import nn
 
 from _common import (
+    SERIAL_FLOOR,
+    CleanRLRollout,
+    CollectorSession,
+    EnvAlone,
+    PolicyAlone,
     Session,
+    TorchRLSession,
     advantages,
     fmt_rate,
+    has,
     machine_info,
     markdown_table,
     placement,
     quiet_warnings,
+    recorded_obs,
     run_interleaved,
     summarize,
+    with_floors,
     write_json,
 )
 
@@ -76,12 +84,6 @@ GAMMA, GAE_LAMBDA = 0.99, 0.95
 REFERENCE = "torch_rollout thread (prefetch=1)"
 ENV_FLOOR = "floor: EnvPool stepping alone"
 POLICY_FLOOR = "floor: policy forward alone"
-SERIAL_FLOOR = "floor: serial sum (env + policy)"
-OVERLAP_CEILING = "ceiling: perfect overlap (slower of the two)"
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 def _make_pool(num_envs: int, seed: int, num_threads: int) -> Any:
@@ -176,47 +178,37 @@ def _policy(state: dict[str, torch.Tensor], seed: int) -> NatureCNN:
 # ------------------------------------------------------------------------------ systems
 
 
-class TorchRollout:
+def torch_rollout(
+    num_envs: int,
+    num_steps: int,
+    seed: int,
+    state: dict,
+    *,
+    num_threads: int,
+    prefetch: int,
+    backend: str = "thread",
+    num_workers: int = 1,
+    compile_policy: bool = False,
+) -> CollectorSession:
     """torch_rollout's Collector on ``envpool_envs(TASK, num_threads=..., **ENV_OPTIONS)``, thread or process."""
+    from torch_rollout import Collector, envpool_envs
 
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        num_threads: int,
-        prefetch: int,
-        backend: str = "thread",
-        num_workers: int = 1,
-        compile_policy: bool = False,
-    ) -> None:
-        from torch_rollout import Collector, envpool_envs
-
-        self.collector = Collector(
-            envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=placement(backend, num_workers),
-            compile_policy=compile_policy,
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = next(self.batches)  # TensorDict [T, N]; obs uint8 [T, N, 4, 84, 84]
-        return int(self.last["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
+    collector = Collector(
+        envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
+        _policy(state, seed),
+        num_steps=num_steps,
+        num_envs=num_envs,
+        gae=advantages(GAMMA, GAE_LAMBDA),
+        device="cpu",
+        prefetch=prefetch,
+        seed=seed,
+        backend=placement(backend, num_workers),
+        compile_policy=compile_policy,
+    )
+    return CollectorSession(collector)  # obs uint8 [T, N, 4, 84, 84]
 
 
-class CleanRLStyle:
+def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> CleanRLRollout:
     """The rollout of CleanRL's ``ppo_atari_envpool``: float32 [T, N] buffers, done = terminated | truncated, loop GAE.
 
     CleanRL calls ``envpool.make(..., env_type="gym")``; this steps the same pool
@@ -224,47 +216,12 @@ class CleanRLStyle:
     Rows after a ``done`` are EnvPool's reset steps: CleanRL trains on them, they
     are not counted here.
     """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        self.envs = _make_pool(num_envs, seed, num_threads)
-        self.agent = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-        self.obs = torch.zeros((num_steps, num_envs, *self.envs.observation_space.shape))  # float32, as CleanRL
-        self.actions = torch.zeros(num_steps, num_envs, dtype=torch.long)
-        self.log_probs, self.rewards, self.dones, self.values, self.advantages = (
-            torch.zeros(num_steps, num_envs) for _ in range(5)
-        )
-        next_obs, _ = self.envs.reset()
-        self.next_obs = torch.Tensor(next_obs)
-        self.next_done = torch.zeros(num_envs)
-
-    def step(self) -> int:
-        for t in range(self.num_steps):
-            self.obs[t] = self.next_obs
-            self.dones[t] = self.next_done
-            with torch.no_grad():
-                action, log_prob, value = self.agent.get_action_and_value(self.next_obs)
-            self.actions[t], self.log_probs[t], self.values[t] = action, log_prob, value
-            next_obs, reward, terminated, truncated, _ = self.envs.step(action.numpy())
-            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            self.next_obs = torch.Tensor(next_obs)
-            self.next_done = torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32)
-        with torch.no_grad():
-            next_value = self.agent.get_value(self.next_obs)
-            last = torch.zeros(self.num_envs)
-            for t in reversed(range(self.num_steps)):
-                if t == self.num_steps - 1:
-                    not_done, bootstrap = 1.0 - self.next_done, next_value
-                else:
-                    not_done, bootstrap = 1.0 - self.dones[t + 1], self.values[t + 1]
-                delta = self.rewards[t] + GAMMA * bootstrap * not_done - self.values[t]
-                self.advantages[t] = last = delta + GAMMA * GAE_LAMBDA * not_done * last
-            self.returns = self.advantages + self.values
-        # dones[t] is the previous step's done: row t only reset the env
-        return int(self.num_steps * self.num_envs - self.dones.sum().item())
-
-    def close(self) -> None:
-        self.envs.close()
+    envs = _make_pool(num_envs, seed, num_threads)
+    first, _ = envs.reset()
+    agent = _policy(state, seed)
+    return CleanRLRollout(
+        envs, agent, first, num_steps=num_steps, num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA
+    )
 
 
 class SameStepEnvPool(gym.vector.VectorEnv):
@@ -309,96 +266,58 @@ class SameStepEnvPool(gym.vector.VectorEnv):
         self.pool.close()
 
 
-class TorchRL:
+def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> TorchRLSession:
     """TorchRL's ``Collector`` on ``GymWrapper(SameStepEnvPool)``, then its ``GAE`` module on each batch.
 
     The actor (trunk and actor head) writes action and log-prob; the GAE module
-    runs the critic (trunk and critic head) over the batch's observations and next
-    observations, as TorchRL's PPO recipes do.
+    runs the critic (trunk and critic head).
     """
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymWrapper
+    from torchrl.modules import ProbabilisticActor
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.envs import GymWrapper
-        from torchrl.modules import ProbabilisticActor
-        from torchrl.objectives.value import GAE
-
-        logging.getLogger("torchrl").setLevel(logging.WARNING)  # its spec-reader notes at every build
-        policy = _policy(state, seed)
-        env = GymWrapper(SameStepEnvPool(num_envs, seed, num_threads), categorical_action_encoding=True, device="cpu")
-        obs_key = next(iter(env.observation_spec.keys()))
-        actor = ProbabilisticActor(
-            TensorDictModule(policy.logits, in_keys=[obs_key], out_keys=["logits"]),
-            in_keys=["logits"],
-            distribution_class=torch.distributions.Categorical,
-            return_log_prob=True,
-        )
-        critic = TensorDictModule(policy.state_value, in_keys=[obs_key], out_keys=["state_value"])
-        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = batch = next(self.batches)  # TensorDict [N, T]
-        with torch.no_grad():
-            self.gae(batch)
-        return batch.numel()  # SAME_STEP: every row is a transition
-
-    def close(self) -> None:
-        self.collector.shutdown()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its spec-reader notes at every build
+    policy = _policy(state, seed)
+    env = GymWrapper(SameStepEnvPool(num_envs, seed, num_threads), categorical_action_encoding=True, device="cpu")
+    obs_key = next(iter(env.observation_spec.keys()))
+    actor = ProbabilisticActor(
+        TensorDictModule(policy.logits, in_keys=[obs_key], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictModule(policy.state_value, in_keys=[obs_key], out_keys=["state_value"])
+    frames = num_steps * num_envs
+    return TorchRLSession(env, actor, critic, frames_per_batch=frames, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
 
 
-class EnvFloor:
+def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> EnvAlone:
     """The pool alone, stepped with pre-drawn random actions: no collector can beat this on the same pool."""
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        self.env = _make_pool(num_envs, seed, num_threads)
-        self.env.reset()
-        rng = np.random.default_rng(seed)
-        n_actions = int(self.env.action_space.n)
-        self.actions = list(rng.integers(0, n_actions, size=(num_steps, num_envs)).astype(np.int32))
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        for action in self.actions:
-            self.env.step(action)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        self.env.close()
+    env = _make_pool(num_envs, seed, num_threads)
+    env.reset()
+    actions = np.random.default_rng(seed).integers(0, int(env.action_space.n), size=(num_steps, num_envs))
+    return EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
 
 
-class PolicyFloor:
+# distinct recorded batches for the policy floor, cycled: enough that no cache holds them all (each is N x 28 KiB)
+RECORDED = 16
+
+
+def policy_floor(
+    num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
+) -> PolicyAlone:
     """The policy forward alone (trunk, sample, log-prob, value) on recorded uint8 frame batches [N, 4, 84, 84]."""
-
-    # distinct recorded batches, cycled: enough that no cache holds them all (each is N x 28 KiB)
-    RECORDED = 16
-
-    def __init__(
-        self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
-    ) -> None:
-        env = _make_pool(num_envs, seed, num_threads)
-        obs, _ = env.reset()
-        rng = np.random.default_rng(seed)
-        recorded = []
-        for _ in range(min(num_steps, self.RECORDED)):
-            recorded.append(torch.from_numpy(obs.copy()))
-            obs, *_ = env.step(rng.integers(0, env.action_space.n, size=num_envs).astype(np.int32))
-        env.close()
-        self.obs = [recorded[t % len(recorded)] for t in range(num_steps)]
-        self.policy = _policy(state, seed)
-        self.forward = torch.compile(self.policy) if compiled else self.policy
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.forward(obs)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        pass
+    env = _make_pool(num_envs, seed, num_threads)
+    first, _ = env.reset()
+    rng = np.random.default_rng(seed)
+    actions = [
+        rng.integers(0, env.action_space.n, size=num_envs).astype(np.int32) for _ in range(min(num_steps, RECORDED))
+    ]
+    recorded = recorded_obs(env, first, actions, convert=lambda obs: torch.from_numpy(obs.copy()))
+    env.close()
+    policy = _policy(state, seed)
+    obs = [recorded[t % len(recorded)] for t in range(num_steps)]
+    return PolicyAlone(torch.compile(policy) if compiled else policy, obs, num_envs=num_envs)
 
 
 def systems(
@@ -411,44 +330,35 @@ def systems(
     args = (num_envs, num_steps, seed, state)
     kw = {"num_threads": num_threads}
     factories: dict[str, Callable[[], Session]] = {
-        REFERENCE: lambda: TorchRollout(*args, **kw, prefetch=1),
-        "torch_rollout thread (prefetch=0)": lambda: TorchRollout(*args, **kw, prefetch=0),
-        "torch_rollout process K=1 (prefetch=1)": lambda: TorchRollout(
+        REFERENCE: lambda: torch_rollout(*args, **kw, prefetch=1),
+        "torch_rollout thread (prefetch=0)": lambda: torch_rollout(*args, **kw, prefetch=0),
+        "torch_rollout process K=1 (prefetch=1)": lambda: torch_rollout(
             *args, **kw, prefetch=1, backend="process", num_workers=1
         ),
     }
     if compiled:
-        factories["torch_rollout thread (prefetch=1), compile_policy=True"] = lambda: TorchRollout(
+        factories["torch_rollout thread (prefetch=1), compile_policy=True"] = lambda: torch_rollout(
             *args, **kw, prefetch=1, compile_policy=True
         )
-        factories["torch_rollout thread (prefetch=0), compile_policy=True"] = lambda: TorchRollout(
+        factories["torch_rollout thread (prefetch=0), compile_policy=True"] = lambda: torch_rollout(
             *args, **kw, prefetch=0, compile_policy=True
         )
     notes = []
-    if _has("torchrl"):
-        factories["TorchRL Collector + GAE (GymWrapper, SAME_STEP adapter)"] = lambda: TorchRL(*args, **kw)
+    if has("torchrl"):
+        factories["TorchRL Collector + GAE (GymWrapper, SAME_STEP adapter)"] = lambda: torchrl(*args, **kw)
     else:
         notes.append("TorchRL not installed: skipped")
-    factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args, **kw)
-    factories[ENV_FLOOR] = lambda: EnvFloor(*args, **kw)
-    factories[POLICY_FLOOR] = lambda: PolicyFloor(*args, **kw)
+    factories["CleanRL-style loop"] = lambda: cleanrl_style(*args, **kw)
+    factories[ENV_FLOOR] = lambda: env_floor(*args, **kw)
+    factories[POLICY_FLOOR] = lambda: policy_floor(*args, **kw)
     if compiled:
-        factories["ref: policy forward alone, torch.compile'd"] = lambda: PolicyFloor(*args, **kw, compiled=True)
+        factories["ref: policy forward alone, torch.compile'd"] = lambda: policy_floor(*args, **kw, compiled=True)
     if num_threads != 0:
         # what the pool reaches with EnvPool's own thread count (one per env, up to the cores)
-        factories["ref: EnvPool stepping alone, num_threads=0 (EnvPool's default)"] = lambda: EnvFloor(
+        factories["ref: EnvPool stepping alone, num_threads=0 (EnvPool's default)"] = lambda: env_floor(
             *args, num_threads=0
         )
     return factories, notes
-
-
-def derived_floors(rates: dict[str, list[float]]) -> dict[str, list[float]]:
-    """Per repeat, from that repeat's env and policy floors: their serial sum and the slower of the two."""
-    pairs = list(zip(rates[ENV_FLOOR], rates[POLICY_FLOOR], strict=True))
-    return {
-        SERIAL_FLOOR: [1.0 / (1.0 / env + 1.0 / policy) for env, policy in pairs],
-        OVERLAP_CEILING: [min(env, policy) for env, policy in pairs],
-    }
 
 
 # ------------------------------------------------------------------------------ driver
@@ -493,7 +403,7 @@ def run(
     factories, notes = systems(num_envs, num_steps, seed, state, num_threads, compiled)
     log(f"atari: {TASK} N={num_envs} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
-    rates.update(derived_floors(rates))
+    rates = with_floors(rates, ENV_FLOOR, POLICY_FLOOR)
     rows = summarize(rates, REFERENCE)
     serial = statistics.median(rates[SERIAL_FLOOR])
     for row in rows:

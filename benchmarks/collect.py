@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -37,14 +36,21 @@ import torch
 
 from _common import (
     ActorCritic,
+    CleanRLRollout,
+    CollectorSession,
+    EnvAlone,
+    PolicyAlone,
     Session,
+    TorchRLSession,
     advantages,
     fmt_rate,
+    has,
     machine_info,
     make_policy,
     markdown_table,
     placement,
     quiet_warnings,
+    recorded_obs,
     run_interleaved,
     summarize,
     write_json,
@@ -58,10 +64,6 @@ REFERENCE = "torch_rollout thread (prefetch=1)"
 LOCKSTEP = "torch_rollout thread (prefetch=0)"
 PROCESS_K1 = "torch_rollout process K=1 (prefetch=1)"
 PROCESS_K2 = "torch_rollout process K=2 (prefetch=1)"
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 def _policy(state: dict[str, torch.Tensor], seed: int) -> ActorCritic:
@@ -80,7 +82,20 @@ def sync_recipe(env_id: str = ENV_ID) -> functools.partial:
     return functools.partial(gym.make_vec, env_id, vectorization_mode="sync")
 
 
-class TorchRollout:
+def torch_rollout(
+    num_envs: int,
+    num_steps: int,
+    seed: int,
+    state: dict,
+    *,
+    prefetch: int,
+    env_id: str = ENV_ID,
+    autoreset_mode: gym.vector.AutoresetMode | None = None,
+    env_id_only: bool = False,
+    backend: str = "thread",
+    num_workers: int = 1,
+    compile_policy: bool = False,
+) -> CollectorSession:
     """torch_rollout's Collector on a gymnasium ``SyncVectorEnv`` (NEXT_STEP unless ``autoreset_mode`` says otherwise).
 
     ``backend="thread"`` gets the live vector env; ``backend="process"`` gets
@@ -89,93 +104,50 @@ class TorchRollout:
     ``gymnasium.make_vec``'s default, which for CartPole is gymnasium's NumPy-vectorised
     ``CartPoleVectorEnv``, not a ``SyncVectorEnv``.
     """
+    from torch_rollout import Collector
 
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        prefetch: int,
-        env_id: str = ENV_ID,
-        autoreset_mode: gym.vector.AutoresetMode | None = None,
-        env_id_only: bool = False,
-        backend: str = "thread",
-        num_workers: int = 1,
-    ) -> None:
-        from torch_rollout import Collector
-
-        self.envs = None
-        if env_id_only:
-            envs: Any = env_id
-        elif backend == "process":
-            if autoreset_mode is not None:
-                raise ValueError("TorchRollout: autoreset_mode is only set for backend='thread'")
-            envs = sync_recipe(env_id)
-        else:
-            vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
-            self.envs = envs = gym.make_vec(
-                env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs
-            )
-        self.collector = Collector(
-            envs,
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=placement(backend, num_workers),
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = next(self.batches)  # TensorDict [T, N]
-        return int(self.last["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
-        if self.envs is not None:
-            self.envs.close()
+    live = None
+    if env_id_only:
+        envs: Any = env_id
+    elif backend == "process":
+        if autoreset_mode is not None:
+            raise ValueError("torch_rollout: autoreset_mode is only set for backend='thread'")
+        envs = sync_recipe(env_id)
+    else:
+        vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
+        live = envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
+    collector = Collector(
+        envs,
+        _policy(state, seed),
+        num_steps=num_steps,
+        num_envs=None if live is not None else num_envs,
+        gae=advantages(GAMMA, GAE_LAMBDA),
+        device="cpu",
+        prefetch=prefetch,
+        seed=seed,
+        backend=placement(backend, num_workers),
+        compile_policy=compile_policy,
+    )
+    return CollectorSession(collector, owned=live)
 
 
-class TorchRL:
-    """TorchRL's ``Collector`` on a SAME_STEP gymnasium vector env, then its ``GAE`` module on each batch.
+def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID, env: Any = None) -> Any:
+    """TorchRL's ``Collector`` on a SAME_STEP gymnasium vector env (or ``env``), then its ``GAE`` module."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymWrapper
 
-    The actor writes action and log-prob; the GAE module runs the critic over the
-    batch's observations and next observations, as TorchRL's PPO recipes do.
-    """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.envs import GymWrapper
-        from torchrl.objectives.value import GAE
-
-        policy = _policy(state, seed)
+    policy = _policy(state, seed)
+    if env is None:
         vec = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
         )
         env = GymWrapper(vec, categorical_action_encoding=True, device="cpu")
-        env.set_seed(seed)
-        actor = TensorDictModule(
-            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
-        )
-        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
-        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = batch = next(self.batches)  # TensorDict [N, T]
-        with torch.no_grad():
-            self.gae(batch)
-        return batch.numel()
-
-    def close(self) -> None:
-        self.collector.shutdown()
+    env.set_seed(seed)
+    actor = TensorDictModule(
+        policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
+    )
+    critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
+    return TorchRLSession(env, actor, critic, frames_per_batch=num_steps * num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
 
 
 class StableBaselines3:
@@ -263,126 +235,56 @@ class Rlox:
             close()
 
 
-class CleanRLStyle:
-    """The loop CleanRL's ppo.py writes: preallocated [T, N] buffers, done = terminated | truncated, Python-loop GAE.
-
-    Like CleanRL on gymnasium 1.x it runs in NEXT_STEP mode and treats reset rows as
-    transitions; only the real ones are counted here.
-    """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
-        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
-        self.agent = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-        obs_dim = self.envs.single_observation_space.shape[0]
-        self.obs = torch.zeros(num_steps, num_envs, obs_dim)
-        self.actions = torch.zeros(num_steps, num_envs, dtype=torch.long)
-        self.log_probs, self.rewards, self.dones, self.values, self.advantages = (
-            torch.zeros(num_steps, num_envs) for _ in range(5)
-        )
-        next_obs, _ = self.envs.reset(seed=seed)
-        self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
-        self.next_done = torch.zeros(num_envs)
-
-    def step(self) -> int:
-        for t in range(self.num_steps):
-            self.obs[t] = self.next_obs
-            self.dones[t] = self.next_done
-            with torch.no_grad():
-                action, log_prob, value = self.agent.get_action_and_value(self.next_obs)
-            self.actions[t], self.log_probs[t], self.values[t] = action, log_prob, value
-            next_obs, reward, terminated, truncated, _ = self.envs.step(action.numpy())
-            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
-            self.next_done = torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32)
-        with torch.no_grad():
-            next_value = self.agent.get_value(self.next_obs)
-            last = torch.zeros(self.num_envs)
-            for t in reversed(range(self.num_steps)):
-                if t == self.num_steps - 1:
-                    not_done, bootstrap = 1.0 - self.next_done, next_value
-                else:
-                    not_done, bootstrap = 1.0 - self.dones[t + 1], self.values[t + 1]
-                delta = self.rewards[t] + GAMMA * bootstrap * not_done - self.values[t]
-                self.advantages[t] = last = delta + GAMMA * GAE_LAMBDA * not_done * last
-            self.returns = self.advantages + self.values
-        # dones[t] is the previous step's done: in NEXT_STEP mode row t only reset the env
-        return int(self.num_steps * self.num_envs - self.dones.sum().item())
-
-    def close(self) -> None:
-        self.envs.close()
+def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> CleanRLRollout:
+    """The loop CleanRL's ppo.py writes, on the SyncVectorEnv in NEXT_STEP mode."""
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    first, _ = envs.reset(seed=seed)
+    agent = _policy(state, seed)
+    return CleanRLRollout(
+        envs, agent, first, num_steps=num_steps, num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA
+    )
 
 
-class EnvFloor:
+def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str = "gymnasium") -> EnvAlone:
     """The vector env alone, stepped with pre-drawn random actions: no collector can beat this on the same env.
 
     ``backend``: "gymnasium" (the SyncVectorEnv the collectors use), "gymnasium-vector"
     (``make_vec``'s default for CartPole, the NumPy ``CartPoleVectorEnv``), "envpool" or "rlox".
     """
+    actions = np.random.default_rng(seed).integers(0, 2, size=(num_steps, num_envs))
+    if backend in ("gymnasium", "gymnasium-vector"):
+        env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync" if backend == "gymnasium" else None)
+        env.reset(seed=seed)
+        return EnvAlone(env, actions, num_envs=num_envs)
+    if backend == "envpool":
+        import envpool
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str = "gymnasium") -> None:
-        rng = np.random.default_rng(seed)
-        actions = rng.integers(0, 2, size=(num_steps, num_envs))
-        self.backend = backend
-        if backend in ("gymnasium", "gymnasium-vector"):
-            mode = "sync" if backend == "gymnasium" else None
-            self.env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode=mode)
-            self.env.reset(seed=seed)
-            self.actions = list(actions)
-        elif backend == "envpool":
-            import envpool
+        env = envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        env.reset()
+        return EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
+    if backend == "rlox":
+        import rlox
 
-            self.env = envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
-            self.env.reset()
-            self.actions = list(actions.astype(np.int32))
-        elif backend == "rlox":
-            import rlox
-
-            self.env = rlox.VecEnv(n=num_envs, seed=seed, env_id=ENV_ID)
-            self.env.reset_all()
-            self.actions = [row.tolist() for row in actions]  # rlox takes a list of ints
-        else:
-            raise ValueError(f"EnvFloor: unknown backend {backend!r}")
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        if self.backend == "rlox":
-            for action in self.actions:
-                self.env.step_all(action)
-        else:
-            for action in self.actions:
-                self.env.step(action)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        if self.backend != "rlox":
-            self.env.close()
+        env = rlox.VecEnv(n=num_envs, seed=seed, env_id=ENV_ID)
+        env.reset_all()
+        # rlox takes a list of ints and has no close
+        return EnvAlone(None, [row.tolist() for row in actions], num_envs=num_envs, step=env.step_all)
+    raise ValueError(f"env_floor: unknown backend {backend!r}")
 
 
-class PolicyFloor:
-    """The policy forward alone (sample, log-prob, value) on T pre-recorded CartPole observation batches."""
+def policy_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, compiled: bool = False) -> PolicyAlone:
+    """The policy forward alone (sample, log-prob, value) on T pre-recorded CartPole observation batches.
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict) -> None:
-        envs = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
-        obs, _ = envs.reset(seed=seed)
-        rng = np.random.default_rng(seed)
-        recorded = []
-        for _ in range(num_steps):
-            recorded.append(torch.as_tensor(obs, dtype=torch.float32))
-            obs, *_ = envs.step(rng.integers(0, 2, size=num_envs))
-        envs.close()
-        self.obs = recorded  # T tensors [N, 4]
-        self.policy = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.policy(obs)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        pass
+    ``compiled``: through ``torch.compile`` (compiled by the untimed warm-up).
+    """
+    envs = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
+    first, _ = envs.reset(seed=seed)
+    obs = recorded_obs(envs, first, np.random.default_rng(seed).integers(0, 2, size=(num_steps, num_envs)))
+    envs.close()
+    policy = _policy(state, seed)
+    return PolicyAlone(
+        torch.compile(policy.eval().requires_grad_(False)) if compiled else policy, obs, num_envs=num_envs
+    )
 
 
 def systems(
@@ -391,41 +293,41 @@ def systems(
     """Factories of every system that can run here, and notes on the ones that cannot."""
     args = (num_envs, num_steps, seed, state)
     factories: dict[str, Callable[[], Session]] = {
-        REFERENCE: lambda: TorchRollout(*args, prefetch=1),
-        LOCKSTEP: lambda: TorchRollout(*args, prefetch=0),
+        REFERENCE: lambda: torch_rollout(*args, prefetch=1),
+        LOCKSTEP: lambda: torch_rollout(*args, prefetch=0),
         # worker processes, each stepping its share of the same SyncVectorEnv
-        PROCESS_K1: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=1),
-        PROCESS_K2: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=2),
+        PROCESS_K1: lambda: torch_rollout(*args, prefetch=1, backend="process", num_workers=1),
+        PROCESS_K2: lambda: torch_rollout(*args, prefetch=1, backend="process", num_workers=2),
         # what Collector("CartPole-v1", ...) builds from an env id: another env implementation
-        "torch_rollout thread (prefetch=1), env id: CartPoleVectorEnv": lambda: TorchRollout(
+        "torch_rollout thread (prefetch=1), env id: CartPoleVectorEnv": lambda: torch_rollout(
             *args, prefetch=1, env_id_only=True
         ),
     }
     notes = []
-    if _has("torchrl"):
-        factories["TorchRL Collector + GAE"] = lambda: TorchRL(*args)
-    else:
-        notes.append("TorchRL not installed: skipped")
-    if _has("stable_baselines3"):
-        factories["SB3 PPO.collect_rollouts"] = lambda: StableBaselines3(*args)
-    else:
-        notes.append("stable-baselines3 not installed: skipped")
-    if _has("rlox"):
-        factories["rlox RolloutCollector (gymnasium)"] = lambda: Rlox(*args, native=False)
-        factories["rlox RolloutCollector (native CartPole)"] = lambda: Rlox(*args, native=True)
-    else:
-        notes.append("rlox not installed: skipped")
-    factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args)
-    factories["floor: gymnasium SyncVectorEnv stepping alone"] = lambda: EnvFloor(*args)
-    factories["floor: policy forward alone"] = lambda: PolicyFloor(*args)
+    peers = {
+        ("torchrl", "TorchRL"): {"TorchRL Collector + GAE": lambda: torchrl(*args)},
+        ("stable_baselines3", "stable-baselines3"): {"SB3 PPO.collect_rollouts": lambda: StableBaselines3(*args)},
+        ("rlox", "rlox"): {
+            "rlox RolloutCollector (gymnasium)": lambda: Rlox(*args, native=False),
+            "rlox RolloutCollector (native CartPole)": lambda: Rlox(*args, native=True),
+        },
+    }
+    for (module, label), rows in peers.items():
+        if has(module):
+            factories.update(rows)
+        else:
+            notes.append(f"{label} not installed: skipped")
+    factories["CleanRL-style loop"] = lambda: cleanrl_style(*args)
+    factories["floor: gymnasium SyncVectorEnv stepping alone"] = lambda: env_floor(*args)
+    factories["floor: policy forward alone"] = lambda: policy_floor(*args)
     # other env back-ends: what the env floor would be with another CartPole implementation
-    factories["ref: gymnasium CartPoleVectorEnv stepping alone"] = lambda: EnvFloor(*args, backend="gymnasium-vector")
-    if _has("envpool"):
-        factories["ref: envpool env stepping alone"] = lambda: EnvFloor(*args, backend="envpool")
+    factories["ref: gymnasium CartPoleVectorEnv stepping alone"] = lambda: env_floor(*args, backend="gymnasium-vector")
+    if has("envpool"):
+        factories["ref: envpool env stepping alone"] = lambda: env_floor(*args, backend="envpool")
     else:
         notes.append("envpool not installed: its env floor skipped")
-    if _has("rlox"):
-        factories["ref: rlox VecEnv stepping alone"] = lambda: EnvFloor(*args, backend="rlox")
+    if has("rlox"):
+        factories["ref: rlox VecEnv stepping alone"] = lambda: env_floor(*args, backend="rlox")
     return factories, notes
 
 

@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import collect
 import gymnasium as gym
 import torch
-from collect import ENV_ID, GAE_LAMBDA, GAMMA, PolicyFloor, _policy, sync_recipe
+from collect import _policy
 
 from _common import (
     Session,
-    advantages,
     fmt_rate,
     machine_info,
     make_policy,
@@ -60,70 +60,20 @@ EAGER_FORWARD = "policy forward alone, eager"
 COMPILED_FORWARD = "policy forward alone, compiled"
 
 
-class Collecting:
-    """A Collector on CartPole-v1 ``SyncVectorEnv``s, eager or compiled, on the thread or in worker processes."""
-
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        compile_policy: bool,
-        backend: str,
-        prefetch: int,
-        autoreset_mode: gym.vector.AutoresetMode | None = None,
-    ) -> None:
-        from torch_rollout import Collector
-
-        self.envs = None
-        if backend == "thread":
-            vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
-            envs: Any = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
-            self.envs = envs
-        else:
-            envs = sync_recipe()
-        self.collector = Collector(
-            envs,
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=backend,
-            compile_policy=compile_policy,
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        return int(next(self.batches)["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
-        if self.envs is not None:
-            self.envs.close()
-
-
-class CompiledForward(PolicyFloor):
-    """The policy forward alone, through ``torch.compile`` (compiled by the untimed warm-up)."""
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict) -> None:
-        super().__init__(num_envs, num_steps, seed, state)
-        self.policy = torch.compile(self.policy.eval().requires_grad_(False))
+def collecting(num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str, **kwargs: Any) -> Any:
+    """collect.py's Collector on CartPole-v1 ``SyncVectorEnv``s, eager or compiled, on the thread or in one worker."""
+    return collect.torch_rollout(num_envs, num_steps, seed, state, backend=backend, **kwargs)
 
 
 def systems(num_envs: int, num_steps: int, seed: int, state: dict) -> dict[str, Callable[[], Session]]:
     args = (num_envs, num_steps, seed, state)
     return {
-        EAGER_THREAD: lambda: Collecting(*args, compile_policy=False, backend="thread", prefetch=0),
-        COMPILED_THREAD: lambda: Collecting(*args, compile_policy=True, backend="thread", prefetch=0),
-        EAGER_PROCESS: lambda: Collecting(*args, compile_policy=False, backend="process", prefetch=1),
-        COMPILED_PROCESS: lambda: Collecting(*args, compile_policy=True, backend="process", prefetch=1),
-        EAGER_FORWARD: lambda: PolicyFloor(*args),
-        COMPILED_FORWARD: lambda: CompiledForward(*args),
+        EAGER_THREAD: lambda: collecting(*args, compile_policy=False, backend="thread", prefetch=0),
+        COMPILED_THREAD: lambda: collecting(*args, compile_policy=True, backend="thread", prefetch=0),
+        EAGER_PROCESS: lambda: collecting(*args, compile_policy=False, backend="process", prefetch=1),
+        COMPILED_PROCESS: lambda: collecting(*args, compile_policy=True, backend="process", prefetch=1),
+        EAGER_FORWARD: lambda: collect.policy_floor(*args),
+        COMPILED_FORWARD: lambda: collect.policy_floor(*args, compiled=True),
     }
 
 
@@ -157,7 +107,7 @@ def first_batch_seconds(num_envs: int, num_steps: int, seed: int, state: dict, *
     if compile_policy:
         torch._dynamo.reset()
     start = time.perf_counter()
-    session = Collecting(num_envs, num_steps, seed, state, compile_policy=compile_policy, backend="thread", prefetch=0)
+    session = collecting(num_envs, num_steps, seed, state, compile_policy=compile_policy, backend="thread", prefetch=0)
     try:
         session.step()
     finally:
@@ -171,7 +121,7 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
 
     torch._dynamo.reset()
     counters.clear()
-    session = Collecting(
+    session = collecting(
         num_envs,
         num_steps,
         seed,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from collect import TorchRollout
+from collect import torch_rollout
 
 from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, write_json
 
@@ -50,14 +50,14 @@ PAIRS = [
 ]
 
 
-def _settle(session: TorchRollout) -> None:
+def _settle(session: Any) -> None:
     """Waits until the batch the collector is prefetching is finished, so that it uses no core while others run."""
     placement = session.collector._placement  # a benchmark may look inside; the library does not offer this
     if session.collector.prefetch > 0:  # after next(), prefetch batches are asked for beyond those delivered
         placement.wait(None)
 
 
-def _timed_turn(session: TorchRollout, batches: int) -> float:
+def _timed_turn(session: Any, batches: int) -> float:
     session.step()  # the batch prefetched before this turn (or, lockstep, one full batch): untimed
     items = 0
     start = time.perf_counter()
@@ -108,7 +108,7 @@ def run(
         "tables": {},
     }
     for n in num_envs:
-        sessions = {name: TorchRollout(n, num_steps, seed, state, **kw) for name, kw in SYSTEMS.items()}
+        sessions = {name: torch_rollout(n, num_steps, seed, state, **kw) for name, kw in SYSTEMS.items()}
         try:
             for session in sessions.values():  # warm-up: first batches, lazy allocations
                 for _ in range(2):
