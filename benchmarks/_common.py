@@ -16,6 +16,7 @@ Every benchmark script builds its systems from these pieces:
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -56,11 +57,14 @@ __all__ = [
     "with_floors",
     "make_policy",
     "machine_info",
+    "main_of",
     "run_interleaved",
     "summarize",
     "markdown_table",
     "write_json",
     "quiet_warnings",
+    "rate_cells",
+    "record",
     "fmt_rate",
 ]
 
@@ -658,3 +662,34 @@ def floor_table(
 def load_line(start: float) -> str:
     """The 1-min load average at the start (``start``) and now: how much else ran meanwhile."""
     return f"1-min load {start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
+
+
+def main_of(
+    doc: str,
+    run: Callable[..., dict[str, Any]],
+    to_markdown: Callable[[dict[str, Any]], str],
+    *options: tuple[str, dict[str, Any]],
+    quick: str = "one short repeat: checks that every system runs",
+    repeats: str | None = "interleaved repeats",
+) -> None:
+    """A script's command line: ``--quick``, ``--repeats`` (unless None) and ``options`` (flag, ``add_argument``
+    keywords), each flag named as ``run``'s keyword; prints ``to_markdown(run(...))``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=None, help=repeats)
+    for flag, kwargs in options:
+        parser.add_argument(flag, **kwargs)
+    print(to_markdown(run(**vars(parser.parse_args()))))
+
+
+def record(name: str, results: dict[str, Any], *, quick: bool = False) -> dict[str, Any]:
+    """Writes ``results`` to ``results/<name>.json`` (``<name>_quick.json`` for a quick run) and returns them."""
+    write_json(f"{name}_quick" if quick else name, results)
+    return results
+
+
+def rate_cells(row: Mapping[str, Any]) -> list[str]:
+    """A :func:`summarize` row's system, median, range and ratio, as table cells."""
+    spread = f"{fmt_rate(row['min'])} - {fmt_rate(row['max'])}"
+    return [row["system"], fmt_rate(row["median"]), spread, f"{row['ratio']:.2f}x"]

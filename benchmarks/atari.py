@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import statistics
@@ -62,17 +61,18 @@ from _common import (
     Session,
     TorchRLSession,
     advantages,
-    fmt_rate,
     has,
     machine_info,
+    main_of,
     markdown_table,
     placement,
     quiet_warnings,
+    rate_cells,
+    record,
     recorded_obs,
     run_interleaved,
     summarize,
     with_floors,
-    write_json,
 )
 
 __all__ = ["NatureCNN", "SameStepEnvPool", "run", "to_markdown", "REFERENCE", "TASK"]
@@ -425,23 +425,13 @@ def run(
         "samples": rates,
         "rows": rows,
     }
-    write_json("atari_quick" if quick else "atari", results)
-    return results
+    return record("atari", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
     """The table, with a note on what was counted and how."""
     config = results["config"]
-    rows = [
-        [
-            r["system"],
-            fmt_rate(r["median"]),
-            f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}",
-            f"{r['ratio']:.2f}x",
-            f"{r['vs_serial_floor']:.2f}x",
-        ]
-        for r in results["rows"]
-    ]
+    rows = [[*rate_cells(r), f"{r['vs_serial_floor']:.2f}x"] for r in results["rows"]]
     threads = "EnvPool's default" if config["num_threads"] == 0 else str(config["num_threads"])
     title = (
         f"Collection, Atari {config['task']} (EnvPool, num_threads={threads}), T={config['T']} x N={config['N']}, "
@@ -463,25 +453,17 @@ def to_markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat (T=32): checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--num-steps", type=int, default=None, help="T (default 128; 32 with --quick)")
-    parser.add_argument("--num-threads", type=int, default=1, help="EnvPool's num_threads (0: its default)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compiled", action="store_true", help="add compile_policy=True rows")
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        repeats=args.repeats,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        num_threads=args.num_threads,
-        seed=args.seed,
-        compiled=args.compiled,
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        ("--num-envs", {"type": int, "default": 8}),
+        ("--num-steps", {"type": int, "default": None, "help": "T (default 128; 32 with --quick)"}),
+        ("--num-threads", {"type": int, "default": 1, "help": "EnvPool's num_threads (0: its default)"}),
+        ("--seed", {"type": int, "default": 0}),
+        ("--compiled", {"action": "store_true", "help": "add compile_policy=True rows"}),
+        quick="one short repeat (T=32): checks that every system runs",
     )
-    print(to_markdown(results))
 
 
 if __name__ == "__main__":

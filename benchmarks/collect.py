@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -43,13 +42,14 @@ from _common import (
     Session,
     TorchRLSession,
     advantages,
-    fmt_rate,
     has,
     machine_info,
+    main_of,
     make_policy,
     markdown_table,
     placement,
     quiet_warnings,
+    rate_cells,
     recorded_obs,
     run_interleaved,
     summarize,
@@ -393,10 +393,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     """The collection tables, one per N."""
     parts = []
     for table in results["tables"].values():
-        rows = [
-            [r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}", f"{r['ratio']:.2f}x"]
-            for r in table["rows"]
-        ]
+        rows = [rate_cells(r) for r in table["rows"]]
         title = f"Collection, CartPole-v1, T={results['config']['T']} x N={table['num_envs']}, GAE included"
         parts.append(f"**{title}** (transitions/s, median of {results['config']['repeats']})\n\n")
         parts.append(markdown_table(["system", "median", "range", "vs thread, prefetch=1"], rows))
@@ -427,23 +424,15 @@ def process_verdict(table: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat: checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", default=None, help="systems whose names contain one of these")
-    parser.add_argument("--timed-batches", type=int, default=None, help="timed batches per system per repeat")
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        repeats=args.repeats,
-        num_envs=args.num_envs,
-        seed=args.seed,
-        only=args.only,
-        timed_batches=args.timed_batches,
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+        ("--seed", {"type": int, "default": 0}),
+        ("--only", {"nargs": "+", "default": None, "help": "systems whose names contain one of these"}),
+        ("--timed-batches", {"type": int, "default": None, "help": "timed batches per system per repeat"}),
     )
-    print(to_markdown(results))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -42,12 +41,13 @@ from _common import (
     Session,
     fmt_rate,
     machine_info,
+    main_of,
     make_policy,
     markdown_table,
     quiet_warnings,
+    record,
     run_interleaved,
     summarize,
-    write_json,
 )
 
 __all__ = ["run"]
@@ -179,8 +179,7 @@ def run(
             "cpu_us_per_call": cpu,
         }
     results["machine"]["load_average_1m_end"] = machine_info().get("load_average_1m")
-    write_json("compiled_quick" if quick else "compiled", results)
-    return results
+    return record("compiled", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -217,17 +216,14 @@ def to_markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat: checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None)
-    parser.add_argument("--check-batches", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed, check_batches=args.check_batches
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+        ("--check-batches", {"type": int, "default": 20}),
+        ("--seed", {"type": int, "default": 0}),
     )
-    print(to_markdown(results))
 
 
 if __name__ == "__main__":

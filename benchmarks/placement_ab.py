@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from collect import torch_rollout
 
-from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, write_json
+from _common import fmt_rate, machine_info, main_of, make_policy, markdown_table, quiet_warnings, record
 
 __all__ = ["run", "SYSTEMS", "PAIRS"]
 
@@ -144,8 +143,7 @@ def run(
             "rows": rows,
         }
     results["machine"]["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-    write_json("placement_ab_quick" if quick else "placement_ab", results)
-    return results
+    return record("placement_ab", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -172,21 +170,17 @@ def to_markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N=8, 3 rounds of one batch: checks that it runs")
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None, help="default: 8 64")
-    parser.add_argument("--rounds", type=int, default=None, help="default: 40")
-    parser.add_argument("--timed-batches", type=int, default=None, help="default: 3")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        num_envs=args.num_envs,
-        rounds=args.rounds,
-        timed_batches=args.timed_batches,
-        seed=args.seed,
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        ("--num-envs", {"type": int, "nargs": "+", "default": None, "help": "default: 8 64"}),
+        ("--rounds", {"type": int, "default": None, "help": "default: 40"}),
+        ("--timed-batches", {"type": int, "default": None, "help": "default: 3"}),
+        ("--seed", {"type": int, "default": 0}),
+        quick="N=8, 3 rounds of one batch: checks that it runs",
+        repeats=None,
     )
-    print(to_markdown(results))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_ROOT, machine_info, markdown_table, quiet_warnings, summarize, write_json
+from _common import REPO_ROOT, machine_info, markdown_table, quiet_warnings, record, summarize
 
 __all__ = ["run", "to_markdown", "HYPERPARAMETERS", "MODES", "SUITES"]
 
@@ -516,8 +516,7 @@ def run(
         results["suites"][key] = run_suite(
             suite, quick=quick, repeats=repeats, total_timesteps=total_timesteps, seed=seed, log=log
         )
-    write_json("ppo_quick" if quick else "ppo", results)
-    return results
+    return record("ppo", results, quick=quick)
 
 
 def best_mode(table: dict[str, Any]) -> str:

@@ -40,6 +40,75 @@ SINGLE_SCRIPTS = Path(__file__).with_name("single_scripts.md")
 COMMAND = "bash benchmarks/setup.sh && benchmarks/.venv/bin/python benchmarks/run.py"
 
 
+# The run's sections in page order: the key of its part, its title, its module and the note under its table.
+SECTIONS: list[tuple[str, str, Any, str]] = [
+    (
+        "collect",
+        "Collection",
+        collect,
+        "",
+    ),
+    (
+        "placement",
+        "One worker process against the thread",
+        placement_ab,
+        "One worker process against the thread, measured as paired rounds (`benchmarks/placement_ab.py`): "
+        "the four collectors of the collection tables are built once and kept; each round times each of them "
+        "in a shuffled order, none working while another is timed, and the ratio of a round compares runs "
+        "seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, and the rounds "
+        "in which the process was faster.",
+    ),
+    (
+        "atari",
+        "Atari",
+        atari,
+        "",
+    ),
+    (
+        "gae",
+        "GAE",
+        gae,
+        "rlox and the SB3-style loop take one `done` flag: their inputs fold the truncation bootstrap into the "
+        "reward and are laid out as each API wants (rlox: env-major float64/float32 arrays; TorchRL: [N, T, 1]) "
+        "before the clock starts. `max abs err` is against a float64 reference of the exact formula.",
+    ),
+    (
+        "threads",
+        "Thread settings",
+        threads,
+        "Each setting runs in a fresh process without `OMP_NUM_THREADS`, after the main thread ran five "
+        "forward and backward passes of a 64x64 MLP (so its intra-op thread team exists); processes alternate "
+        "between the settings.",
+    ),
+    (
+        "ppo",
+        "End-to-end PPO",
+        ppo,
+        "`examples/ppo.py` runs in each collector mode: `backend=thread` with `prefetch=0` (lockstep, the "
+        "reference of `vs lockstep`) or `prefetch=1`, and `backend=process` with K = 1 or 2 worker processes "
+        "(prefetch 1). CleanRL's hyperparameters are the same for all in the first table (8 envs x 128 steps, 4 "
+        "epochs, minibatch 256, 64x64 tanh MLPs, Adam 2.5e-4 annealed, clipped value loss); the second runs "
+        "`configs/ppo_cartpole.yaml` as `make run` does (only `total_timesteps` set; `backend=auto`, which "
+        "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
+        "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
+        "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
+        "and reward normalisation in every row (the example keeps `normalize_obs` to the thread). Each run is a "
+        "fresh process; steady state = from the end of the first iteration to the end of the last; `policy lag`: "
+        "the mean over iterations of the example's `charts/policy_lag` (versions between the weights that "
+        "collected a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust "
+        "CartPole, the others gymnasium's.",
+    ),
+    (
+        "truncation",
+        "Advantages at time-limit truncations",
+        truncation,
+        "A chain env that never terminates, truncated by a TimeLimit; the exact advantage of every real "
+        "transition is known from the critic. `reset rows in loss`: NEXT_STEP reset rows (not transitions) "
+        "that the system hands to the loss. Printed, not asserted.",
+    ),
+]
+
+
 def _machine_line(info: dict[str, Any]) -> str:
     v = info["versions"]
     peers = ", ".join(
@@ -95,72 +164,9 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
     ]
     if quick:
         parts += ["_Quick mode: one short repeat per system; these numbers only show that everything runs._", ""]
-    if "collect" in results:
-        parts += ["## Collection", "", collect.to_markdown(results["collect"]), ""]
-    if "placement" in results:
-        parts += [
-            "## One worker process against the thread",
-            "",
-            placement_ab.to_markdown(results["placement"]),
-            "One worker process against the thread, measured as paired rounds (`benchmarks/placement_ab.py`): "
-            "the four collectors of the collection tables are built once and kept; each round times each of them "
-            "in a shuffled order, none working while another is timed, and the ratio of a round compares runs "
-            "seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, and the rounds "
-            "in which the process was faster.",
-            "",
-        ]
-    if "atari" in results:
-        parts += ["## Atari", "", atari.to_markdown(results["atari"]), ""]
-    if "gae" in results:
-        parts += [
-            "## GAE",
-            "",
-            gae.to_markdown(results["gae"]),
-            "rlox and the SB3-style loop take one `done` flag: their inputs fold the truncation bootstrap into the "
-            "reward and are laid out as each API wants (rlox: env-major float64/float32 arrays; TorchRL: [N, T, 1]) "
-            "before the clock starts. `max abs err` is against a float64 reference of the exact formula.",
-            "",
-        ]
-    if "threads" in results:
-        parts += [
-            "## Thread settings",
-            "",
-            threads.to_markdown(results["threads"]),
-            "Each setting runs in a fresh process without `OMP_NUM_THREADS`, after the main thread ran five "
-            "forward and backward passes of a 64x64 MLP (so its intra-op thread team exists); processes alternate "
-            "between the settings.",
-            "",
-        ]
-    if "ppo" in results:
-        parts += [
-            "## End-to-end PPO",
-            "",
-            ppo.to_markdown(results["ppo"]),
-            "`examples/ppo.py` runs in each collector mode: `backend=thread` with `prefetch=0` (lockstep, the "
-            "reference of `vs lockstep`) or `prefetch=1`, and `backend=process` with K = 1 or 2 worker processes "
-            "(prefetch 1). CleanRL's hyperparameters are the same for all in the first table (8 envs x 128 steps, 4 "
-            "epochs, minibatch 256, 64x64 tanh MLPs, Adam 2.5e-4 annealed, clipped value loss); the second runs "
-            "`configs/ppo_cartpole.yaml` as `make run` does (only `total_timesteps` set; `backend=auto`, which "
-            "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
-            "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
-            "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
-            "and reward normalisation in every row (the example keeps `normalize_obs` to the thread). Each run is a "
-            "fresh process; steady state = from the end of the first iteration to the end of the last; `policy lag`: "
-            "the mean over iterations of the example's `charts/policy_lag` (versions between the weights that "
-            "collected a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust "
-            "CartPole, the others gymnasium's.",
-            "",
-        ]
-    if "truncation" in results:
-        parts += [
-            "## Advantages at time-limit truncations",
-            "",
-            truncation.to_markdown(results["truncation"]),
-            "A chain env that never terminates, truncated by a TimeLimit; the exact advantage of every real "
-            "transition is known from the critic. `reset rows in loss`: NEXT_STEP reset rows (not transitions) "
-            "that the system hands to the loss. Printed, not asserted.",
-            "",
-        ]
+    for key, title, module, note in SECTIONS:
+        if key in results:
+            parts += [f"## {title}", "", module.to_markdown(results[key])] + ([note, ""] if note else [""])
     parts += ["Raw numbers: `benchmarks/results/*.json`.", ""]
     parts[2] = (
         "One full run of the benchmark suite on one machine: collection, GAE and end-to-end PPO side by side with "

@@ -19,7 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _common import machine_info, make_policy, markdown_table, quiet_warnings, write_json
+from _common import machine_info, main_of, make_policy, markdown_table, quiet_warnings, record
 
 __all__ = ["run", "TimeLimitedChain", "ENV_ID"]
 
@@ -254,8 +253,7 @@ def run(
         },
         "rows": rows,
     }
-    write_json("truncation_quick" if quick else "truncation", results)
-    return results
+    return record("truncation", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -293,10 +291,14 @@ def to_markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    print(to_markdown(run(seed=args.seed)))
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        ("--seed", {"type": int, "default": 0}),
+        quick="without TorchRL's GymEnv row; writes results/truncation_quick.json",
+        repeats=None,
+    )
 
 
 if __name__ == "__main__":
