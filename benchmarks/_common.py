@@ -48,6 +48,7 @@ __all__ = [
     "RingLoop",
     "Session",
     "TorchRLSession",
+    "cpu_collector",
     "floor_summary",
     "floor_table",
     "has",
@@ -693,3 +694,15 @@ def rate_cells(row: Mapping[str, Any]) -> list[str]:
     """A :func:`summarize` row's system, median, range and ratio, as table cells."""
     spread = f"{fmt_rate(row['min'])} - {fmt_rate(row['max'])}"
     return [row["system"], fmt_rate(row["median"]), spread, f"{row['ratio']:.2f}x"]
+
+
+def cpu_collector(
+    envs: Any, policy: Any, *, owned: Any = None, backend: str = "thread", num_workers: int = 1, **options: Any
+) -> CollectorSession:
+    """A :class:`CollectorSession` of torch_rollout's Collector on the CPU with GAE(0.99, 0.95), as the
+    collection benchmarks run it; ``backend`` and ``num_workers`` name its placement, ``options`` go to it."""
+    from torch_rollout import Collector
+
+    gae = advantages(0.99, 0.95)
+    collector = Collector(envs, policy, gae=gae, device="cpu", backend=placement(backend, num_workers), **options)
+    return CollectorSession(collector, owned=owned)

@@ -52,20 +52,14 @@ import torch
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
+import _common as harness
 from _common import (
     SERIAL_FLOOR,
-    CleanRLRollout,
-    CollectorSession,
-    EnvAlone,
-    PolicyAlone,
     Session,
-    TorchRLSession,
-    advantages,
     has,
     machine_info,
     main_of,
     markdown_table,
-    placement,
     quiet_warnings,
     rate_cells,
     record,
@@ -189,26 +183,24 @@ def torch_rollout(
     backend: str = "thread",
     num_workers: int = 1,
     compile_policy: bool = False,
-) -> CollectorSession:
+) -> harness.CollectorSession:
     """torch_rollout's Collector on ``envpool_envs(TASK, num_threads=..., **ENV_OPTIONS)``, thread or process."""
-    from torch_rollout import Collector, envpool_envs
+    from torch_rollout import envpool_envs
 
-    collector = Collector(
+    return harness.cpu_collector(  # obs uint8 [T, N, 4, 84, 84]
         envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
         _policy(state, seed),
         num_steps=num_steps,
         num_envs=num_envs,
-        gae=advantages(GAMMA, GAE_LAMBDA),
-        device="cpu",
         prefetch=prefetch,
         seed=seed,
-        backend=placement(backend, num_workers),
+        backend=backend,
+        num_workers=num_workers,
         compile_policy=compile_policy,
     )
-    return CollectorSession(collector)  # obs uint8 [T, N, 4, 84, 84]
 
 
-def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> CleanRLRollout:
+def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.CleanRLRollout:
     """The rollout of CleanRL's ``ppo_atari_envpool``: float32 [T, N] buffers, done = terminated | truncated, loop GAE.
 
     CleanRL calls ``envpool.make(..., env_type="gym")``; this steps the same pool
@@ -219,7 +211,7 @@ def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, num_
     envs = _make_pool(num_envs, seed, num_threads)
     first, _ = envs.reset()
     agent = _policy(state, seed)
-    return CleanRLRollout(
+    return harness.CleanRLRollout(
         envs, agent, first, num_steps=num_steps, num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA
     )
 
@@ -266,7 +258,7 @@ class SameStepEnvPool(gym.vector.VectorEnv):
         self.pool.close()
 
 
-def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> TorchRLSession:
+def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.TorchRLSession:
     """TorchRL's ``Collector`` on ``GymWrapper(SameStepEnvPool)``, then its ``GAE`` module on each batch.
 
     The actor (trunk and actor head) writes action and log-prob; the GAE module
@@ -288,15 +280,15 @@ def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, num_thread
     )
     critic = TensorDictModule(policy.state_value, in_keys=[obs_key], out_keys=["state_value"])
     frames = num_steps * num_envs
-    return TorchRLSession(env, actor, critic, frames_per_batch=frames, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
+    return harness.TorchRLSession(env, actor, critic, frames_per_batch=frames, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
 
 
-def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> EnvAlone:
+def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.EnvAlone:
     """The pool alone, stepped with pre-drawn random actions: no collector can beat this on the same pool."""
     env = _make_pool(num_envs, seed, num_threads)
     env.reset()
     actions = np.random.default_rng(seed).integers(0, int(env.action_space.n), size=(num_steps, num_envs))
-    return EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
+    return harness.EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
 
 
 # distinct recorded batches for the policy floor, cycled: enough that no cache holds them all (each is N x 28 KiB)
@@ -305,7 +297,7 @@ RECORDED = 16
 
 def policy_floor(
     num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
-) -> PolicyAlone:
+) -> harness.PolicyAlone:
     """The policy forward alone (trunk, sample, log-prob, value) on recorded uint8 frame batches [N, 4, 84, 84]."""
     env = _make_pool(num_envs, seed, num_threads)
     first, _ = env.reset()
@@ -317,7 +309,7 @@ def policy_floor(
     env.close()
     policy = _policy(state, seed)
     obs = [recorded[t % len(recorded)] for t in range(num_steps)]
-    return PolicyAlone(torch.compile(policy) if compiled else policy, obs, num_envs=num_envs)
+    return harness.PolicyAlone(torch.compile(policy) if compiled else policy, obs, num_envs=num_envs)
 
 
 def systems(
@@ -408,23 +400,9 @@ def run(
     serial = statistics.median(rates[SERIAL_FLOOR])
     for row in rows:
         row["vs_serial_floor"] = row["median"] / serial
-    results = {
-        "machine": machine_info(),
-        "config": {
-            "task": TASK,
-            "env_options": ENV_OPTIONS,
-            "num_threads": num_threads,
-            "N": num_envs,
-            "T": num_steps,
-            "repeats": repeats,
-            "timed_batches": timed,
-            "seed": seed,
-            "quick": quick,
-        },
-        "notes": notes,
-        "samples": rates,
-        "rows": rows,
-    }
+    config = dict(task=TASK, env_options=ENV_OPTIONS, num_threads=num_threads, N=num_envs, T=num_steps)
+    config.update(repeats=repeats, timed_batches=timed, seed=seed, quick=quick)
+    results = {"machine": machine_info(), "config": config, "notes": notes, "samples": rates, "rows": rows}
     return record("atari", results, quick=quick)
 
 
@@ -452,18 +430,17 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts).rstrip() + "\n"
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "default": 8}),
+    ("--num-steps", {"type": int, "default": None, "help": "T (default 128; 32 with --quick)"}),
+    ("--num-threads", {"type": int, "default": 1, "help": "EnvPool's num_threads (0: its default)"}),
+    ("--seed", {"type": int, "default": 0}),
+    ("--compiled", {"action": "store_true", "help": "add compile_policy=True rows"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    main_of(
-        __doc__,
-        run,
-        to_markdown,
-        ("--num-envs", {"type": int, "default": 8}),
-        ("--num-steps", {"type": int, "default": None, "help": "T (default 128; 32 with --quick)"}),
-        ("--num-threads", {"type": int, "default": 1, "help": "EnvPool's num_threads (0: its default)"}),
-        ("--seed", {"type": int, "default": 0}),
-        ("--compiled", {"action": "store_true", "help": "add compile_policy=True rows"}),
-        quick="one short repeat (T=32): checks that every system runs",
-    )
+    main_of(__doc__, run, to_markdown, *OPTIONS, quick="one short repeat (T=32): checks that every system runs")
 
 
 if __name__ == "__main__":

@@ -41,13 +41,12 @@ from _common import (
     PolicyAlone,
     Session,
     TorchRLSession,
-    advantages,
+    cpu_collector,
     has,
     machine_info,
     main_of,
     make_policy,
     markdown_table,
-    placement,
     quiet_warnings,
     rate_cells,
     recorded_obs,
@@ -104,8 +103,6 @@ def torch_rollout(
     ``gymnasium.make_vec``'s default, which for CartPole is gymnasium's NumPy-vectorised
     ``CartPoleVectorEnv``, not a ``SyncVectorEnv``.
     """
-    from torch_rollout import Collector
-
     live = None
     if env_id_only:
         envs: Any = env_id
@@ -116,19 +113,18 @@ def torch_rollout(
     else:
         vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
         live = envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
-    collector = Collector(
+    return cpu_collector(
         envs,
         _policy(state, seed),
+        owned=live,
+        backend=backend,
+        num_workers=num_workers,
         num_steps=num_steps,
         num_envs=None if live is not None else num_envs,
-        gae=advantages(GAMMA, GAE_LAMBDA),
-        device="cpu",
         prefetch=prefetch,
         seed=seed,
-        backend=placement(backend, num_workers),
         compile_policy=compile_policy,
     )
-    return CollectorSession(collector, owned=live)
 
 
 def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID, env: Any = None) -> Any:
@@ -334,6 +330,20 @@ def systems(
 # ------------------------------------------------------------------------------ driver
 
 
+def setup(
+    quick: bool, repeats: int | None, num_envs: list[int] | None, num_steps: int, seed: int
+) -> tuple[int, list[int], dict[str, torch.Tensor], dict[str, Any]]:
+    """A CartPole run's defaults (1 repeat and N=8 quick; 5 and N=8, 64 full), weights and results' head;
+    one torch thread, the peers' warnings silenced."""
+    quiet_warnings()
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {"machine": machine_info()}
+    repeats = repeats or (1 if quick else 5)
+    results["config"] = {"T": num_steps, "repeats": repeats, "seed": seed}
+    results["tables"] = {}
+    return repeats, num_envs or ([8] if quick else [8, 64]), make_policy(seed).state_dict(), results
+
+
 def run(
     *,
     quick: bool = False,
@@ -361,13 +371,7 @@ def run(
     Returns:
         A dict with ``machine``, ``config`` and, per N, ``rows`` from :func:`summarize`.
     """
-    quiet_warnings()
-    torch.set_num_threads(1)
-    repeats = repeats or (1 if quick else 5)
-    num_envs = num_envs or ([8] if quick else [8, 64])
-    state = make_policy(seed).state_dict()
-    results: dict[str, Any] = {"machine": machine_info(), "config": {"T": num_steps, "repeats": repeats, "seed": seed}}
-    results["tables"] = {}
+    repeats, num_envs, state, results = setup(quick, repeats, num_envs, num_steps, seed)
     for n in num_envs:
         # at least ~3k timed transitions per system per repeat; one warm-up batch before
         timed = timed_batches or (1 if quick else max(1, 3072 // (n * num_steps)))
@@ -423,16 +427,16 @@ def process_verdict(table: dict[str, Any]) -> str:
     )
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+    ("--seed", {"type": int, "default": 0}),
+    ("--only", {"nargs": "+", "default": None, "help": "systems whose names contain one of these"}),
+    ("--timed-batches", {"type": int, "default": None, "help": "timed batches per system per repeat"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    main_of(
-        __doc__,
-        run,
-        to_markdown,
-        ("--num-envs", {"type": int, "nargs": "+", "default": None}),
-        ("--seed", {"type": int, "default": 0}),
-        ("--only", {"nargs": "+", "default": None, "help": "systems whose names contain one of these"}),
-        ("--timed-batches", {"type": int, "default": None, "help": "timed batches per system per repeat"}),
-    )
+    main_of(__doc__, run, to_markdown, *OPTIONS)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,7 @@ from _common import (
     fmt_rate,
     machine_info,
     main_of,
-    make_policy,
     markdown_table,
-    quiet_warnings,
     record,
     run_interleaved,
     summarize,
@@ -141,21 +139,15 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
 def run(
     *,
     quick: bool = False,
+    check_batches: int = 20,
+    seed: int = 0,
     repeats: int | None = None,
     num_envs: list[int] | None = None,
     num_steps: int = 128,
-    seed: int = 0,
-    check_batches: int = 20,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Runs the comparison and returns its results (also written to results/compiled.json)."""
-    quiet_warnings()
-    torch.set_num_threads(1)
-    repeats = repeats or (1 if quick else 5)
-    num_envs = num_envs or ([8] if quick else [8, 64])
-    state = make_policy(seed).state_dict()
-    results: dict[str, Any] = {"machine": machine_info(), "config": {"T": num_steps, "repeats": repeats, "seed": seed}}
-    results["tables"] = {}
+    repeats, num_envs, state, results = collect.setup(quick, repeats, num_envs, num_steps, seed)
     for n in num_envs:
         timed = 1 if quick else max(2, 8192 // (n * num_steps))
         log(f"compiled: N={n} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
@@ -215,15 +207,15 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+    ("--check-batches", {"type": int, "default": 20}),
+    ("--seed", {"type": int, "default": 0}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    main_of(
-        __doc__,
-        run,
-        to_markdown,
-        ("--num-envs", {"type": int, "nargs": "+", "default": None}),
-        ("--check-batches", {"type": int, "default": 20}),
-        ("--seed", {"type": int, "default": 0}),
-    )
+    main_of(__doc__, run, to_markdown, *OPTIONS)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
 import gymnasium as gym
 import torch
-from overhead import NUM_STEPS, _policy, collecting, env_alone, hand_loop, policy_alone
+from overhead import NUM_STEPS, _policy, collecting, env_alone, hand_loop, measure_cases, policy_alone, save
 
-from _common import floor_table, load_line, machine_info, quiet_warnings, run_interleaved, write_json
+from _common import floor_table, load_line, run_interleaved
 
 CASES = (("HalfCheetah-v5", 16), ("CartPole-v1", 8))
 ENV, POLICY, HAND = "env alone (SyncVectorEnv)", "policy forward alone", "hand loop, SyncVectorEnv"
@@ -92,23 +91,13 @@ def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=2, help="timed batches of T * N steps per repeat")
-    parser.add_argument("--case", action="append", help="ENV_ID:N (repeatable); default: the cases above")
-    args = parser.parse_args()
-    cases = [(case.split(":")[0], int(case.split(":")[1])) for case in args.case] if args.case else CASES
-    quiet_warnings()
-    torch.set_num_threads(1)
-    load = os.getloadavg()[0]
-    rates: dict[str, Any] = {f"{env_id} N={n}": run_case(env_id, n, args.repeats, args.batches) for env_id, n in cases}
+    args, rates, load = measure_cases(__doc__, run_case, CASES, batches=2)
     print(
         f"\nT={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved repeats of {args.batches} "
         f"batches, {os.cpu_count()} cores; {load_line(load)}\n"
     )
     print(floor_table(rates, env=ENV, policy=POLICY, versus=HAND, ceiling=True))
-    config = {"T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches, "load_1m_start": load}
-    write_json("double_buffer", {"machine": machine_info(), "config": config, "cases": rates})
+    save("double_buffer", args, rates, load)
 
 
 if __name__ == "__main__":

@@ -107,14 +107,14 @@ def to_markdown(results: dict[str, Any]) -> str:
     return markdown_table(header, rows) + "\n"
 
 
+OPTIONS = (
+    ("--steps", {"type": int, "nargs": "+", "default": None, "help": "default: 50 200 500"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
     main_of(
-        __doc__,
-        run,
-        to_markdown,
-        ("--steps", {"type": int, "nargs": "+", "default": None, "help": "default: 50 200 500"}),
-        quick="2 repeats of 50 steps: checks that it runs",
-        repeats="default: 9",
+        __doc__, run, to_markdown, *OPTIONS, quick="2 repeats of 50 steps: checks that it runs", repeats="default: 9"
     )
 
 

@@ -20,13 +20,14 @@ frames are env steps x N (reset rows included, as in the floors).
 
 Usage::
 
-    benchmarks/.venv/bin/python benchmarks/overhead.py [--repeats R] [--batches B]
+    benchmarks/.venv/bin/python benchmarks/overhead.py [--repeats R] [--batches B] [--case ENV_ID:N ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -132,22 +133,38 @@ def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str
     return run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def measure_cases(
+    doc: str, run_case: Callable[..., dict[str, list[float]]], cases: Sequence[tuple[str, int]], *, batches: int
+) -> tuple[argparse.Namespace, dict[str, Any], float]:
+    """The command line (``--repeats``, ``--batches``, ``--case``), then every case's rates, one torch thread;
+    returns the arguments, the rates by case and the 1-min load at the start."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=4, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--batches", type=int, default=batches, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--case", action="append", help="ENV_ID:N (repeatable); default: the cases above")
     args = parser.parse_args()
+    if args.case:
+        cases = [(case.split(":")[0], int(case.split(":")[1])) for case in args.case]
     quiet_warnings()
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
-    cases: dict[str, Any] = {f"{env_id} N={n}": run_case(env_id, n, args.repeats, args.batches) for env_id, n in CASES}
+    return args, {f"{env_id} N={n}": run_case(env_id, n, args.repeats, args.batches) for env_id, n in cases}, load
+
+
+def save(name: str, args: argparse.Namespace, cases: dict[str, Any], load: float) -> None:
+    """Writes ``results/<name>.json``: the machine, the run's settings and every case's rates."""
+    config = {"T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches, "load_1m_start": load}
+    write_json(name, {"machine": machine_info(), "config": config, "cases": cases})
+
+
+def main() -> None:
+    args, cases, load = measure_cases(__doc__, run_case, CASES, batches=4)
     print(
         f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved "
         f"repeats of {args.batches} batches; {load_line(load)}\n"
     )
     print(floor_table(cases, env=ENV, policy=POLICY))
-    config = {"T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches, "load_1m_start": load}
-    write_json("overhead", {"machine": machine_info(), "config": config, "cases": cases})
+    save("overhead", args, cases, load)
 
 
 if __name__ == "__main__":

@@ -169,18 +169,16 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts).rstrip() + "\n"
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None, "help": "default: 8 64"}),
+    ("--rounds", {"type": int, "default": None, "help": "default: 40"}),
+    ("--timed-batches", {"type": int, "default": None, "help": "default: 3"}),
+    ("--seed", {"type": int, "default": 0}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    main_of(
-        __doc__,
-        run,
-        to_markdown,
-        ("--num-envs", {"type": int, "nargs": "+", "default": None, "help": "default: 8 64"}),
-        ("--rounds", {"type": int, "default": None, "help": "default: 40"}),
-        ("--timed-batches", {"type": int, "default": None, "help": "default: 3"}),
-        ("--seed", {"type": int, "default": 0}),
-        quick="N=8, 3 rounds of one batch: checks that it runs",
-        repeats=None,
-    )
+    main_of(__doc__, run, to_markdown, *OPTIONS, quick="N=8, 3 rounds of one batch: checks that it runs", repeats=None)
 
 
 if __name__ == "__main__":

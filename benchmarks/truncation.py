@@ -290,12 +290,15 @@ def to_markdown(results: dict[str, Any]) -> str:
     return f"{title}\n\n{markdown_table(header, rows)}\n"
 
 
+OPTIONS = (("--seed", {"type": int, "default": 0}),)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
     main_of(
         __doc__,
         run,
         to_markdown,
-        ("--seed", {"type": int, "default": 0}),
+        *OPTIONS,
         quick="without TorchRL's GymEnv row; writes results/truncation_quick.json",
         repeats=None,
     )
