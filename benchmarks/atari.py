@@ -40,8 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import logging
 import math
 import statistics
@@ -54,17 +52,21 @@ import torch
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
+import _common as harness
 from _common import (
+    SERIAL_FLOOR,
     Session,
-    advantages,
-    fmt_rate,
+    has,
     machine_info,
+    main_of,
     markdown_table,
-    placement,
     quiet_warnings,
+    rate_cells,
+    record,
+    recorded_obs,
     run_interleaved,
     summarize,
-    write_json,
+    with_floors,
 )
 
 __all__ = ["NatureCNN", "SameStepEnvPool", "run", "to_markdown", "REFERENCE", "TASK"]
@@ -76,12 +78,6 @@ GAMMA, GAE_LAMBDA = 0.99, 0.95
 REFERENCE = "torch_rollout thread (prefetch=1)"
 ENV_FLOOR = "floor: EnvPool stepping alone"
 POLICY_FLOOR = "floor: policy forward alone"
-SERIAL_FLOOR = "floor: serial sum (env + policy)"
-OVERLAP_CEILING = "ceiling: perfect overlap (slower of the two)"
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 def _make_pool(num_envs: int, seed: int, num_threads: int) -> Any:
@@ -176,47 +172,35 @@ def _policy(state: dict[str, torch.Tensor], seed: int) -> NatureCNN:
 # ------------------------------------------------------------------------------ systems
 
 
-class TorchRollout:
+def torch_rollout(
+    num_envs: int,
+    num_steps: int,
+    seed: int,
+    state: dict,
+    *,
+    num_threads: int,
+    prefetch: int,
+    backend: str = "thread",
+    num_workers: int = 1,
+    compile_policy: bool = False,
+) -> harness.CollectorSession:
     """torch_rollout's Collector on ``envpool_envs(TASK, num_threads=..., **ENV_OPTIONS)``, thread or process."""
+    from torch_rollout import envpool_envs
 
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        num_threads: int,
-        prefetch: int,
-        backend: str = "thread",
-        num_workers: int = 1,
-        compile_policy: bool = False,
-    ) -> None:
-        from torch_rollout import Collector, envpool_envs
-
-        self.collector = Collector(
-            envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=placement(backend, num_workers),
-            compile_policy=compile_policy,
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = next(self.batches)  # TensorDict [T, N]; obs uint8 [T, N, 4, 84, 84]
-        return int(self.last["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
+    return harness.cpu_collector(  # obs uint8 [T, N, 4, 84, 84]
+        envpool_envs(TASK, num_threads=num_threads, **ENV_OPTIONS),
+        _policy(state, seed),
+        num_steps=num_steps,
+        num_envs=num_envs,
+        prefetch=prefetch,
+        seed=seed,
+        backend=backend,
+        num_workers=num_workers,
+        compile_policy=compile_policy,
+    )
 
 
-class CleanRLStyle:
+def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.CleanRLRollout:
     """The rollout of CleanRL's ``ppo_atari_envpool``: float32 [T, N] buffers, done = terminated | truncated, loop GAE.
 
     CleanRL calls ``envpool.make(..., env_type="gym")``; this steps the same pool
@@ -224,47 +208,12 @@ class CleanRLStyle:
     Rows after a ``done`` are EnvPool's reset steps: CleanRL trains on them, they
     are not counted here.
     """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        self.envs = _make_pool(num_envs, seed, num_threads)
-        self.agent = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-        self.obs = torch.zeros((num_steps, num_envs, *self.envs.observation_space.shape))  # float32, as CleanRL
-        self.actions = torch.zeros(num_steps, num_envs, dtype=torch.long)
-        self.log_probs, self.rewards, self.dones, self.values, self.advantages = (
-            torch.zeros(num_steps, num_envs) for _ in range(5)
-        )
-        next_obs, _ = self.envs.reset()
-        self.next_obs = torch.Tensor(next_obs)
-        self.next_done = torch.zeros(num_envs)
-
-    def step(self) -> int:
-        for t in range(self.num_steps):
-            self.obs[t] = self.next_obs
-            self.dones[t] = self.next_done
-            with torch.no_grad():
-                action, log_prob, value = self.agent.get_action_and_value(self.next_obs)
-            self.actions[t], self.log_probs[t], self.values[t] = action, log_prob, value
-            next_obs, reward, terminated, truncated, _ = self.envs.step(action.numpy())
-            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            self.next_obs = torch.Tensor(next_obs)
-            self.next_done = torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32)
-        with torch.no_grad():
-            next_value = self.agent.get_value(self.next_obs)
-            last = torch.zeros(self.num_envs)
-            for t in reversed(range(self.num_steps)):
-                if t == self.num_steps - 1:
-                    not_done, bootstrap = 1.0 - self.next_done, next_value
-                else:
-                    not_done, bootstrap = 1.0 - self.dones[t + 1], self.values[t + 1]
-                delta = self.rewards[t] + GAMMA * bootstrap * not_done - self.values[t]
-                self.advantages[t] = last = delta + GAMMA * GAE_LAMBDA * not_done * last
-            self.returns = self.advantages + self.values
-        # dones[t] is the previous step's done: row t only reset the env
-        return int(self.num_steps * self.num_envs - self.dones.sum().item())
-
-    def close(self) -> None:
-        self.envs.close()
+    envs = _make_pool(num_envs, seed, num_threads)
+    first, _ = envs.reset()
+    agent = _policy(state, seed)
+    return harness.CleanRLRollout(
+        envs, agent, first, num_steps=num_steps, num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA
+    )
 
 
 class SameStepEnvPool(gym.vector.VectorEnv):
@@ -309,96 +258,58 @@ class SameStepEnvPool(gym.vector.VectorEnv):
         self.pool.close()
 
 
-class TorchRL:
+def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.TorchRLSession:
     """TorchRL's ``Collector`` on ``GymWrapper(SameStepEnvPool)``, then its ``GAE`` module on each batch.
 
     The actor (trunk and actor head) writes action and log-prob; the GAE module
-    runs the critic (trunk and critic head) over the batch's observations and next
-    observations, as TorchRL's PPO recipes do.
+    runs the critic (trunk and critic head).
     """
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymWrapper
+    from torchrl.modules import ProbabilisticActor
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.envs import GymWrapper
-        from torchrl.modules import ProbabilisticActor
-        from torchrl.objectives.value import GAE
-
-        logging.getLogger("torchrl").setLevel(logging.WARNING)  # its spec-reader notes at every build
-        policy = _policy(state, seed)
-        env = GymWrapper(SameStepEnvPool(num_envs, seed, num_threads), categorical_action_encoding=True, device="cpu")
-        obs_key = next(iter(env.observation_spec.keys()))
-        actor = ProbabilisticActor(
-            TensorDictModule(policy.logits, in_keys=[obs_key], out_keys=["logits"]),
-            in_keys=["logits"],
-            distribution_class=torch.distributions.Categorical,
-            return_log_prob=True,
-        )
-        critic = TensorDictModule(policy.state_value, in_keys=[obs_key], out_keys=["state_value"])
-        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = batch = next(self.batches)  # TensorDict [N, T]
-        with torch.no_grad():
-            self.gae(batch)
-        return batch.numel()  # SAME_STEP: every row is a transition
-
-    def close(self) -> None:
-        self.collector.shutdown()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # its spec-reader notes at every build
+    policy = _policy(state, seed)
+    env = GymWrapper(SameStepEnvPool(num_envs, seed, num_threads), categorical_action_encoding=True, device="cpu")
+    obs_key = next(iter(env.observation_spec.keys()))
+    actor = ProbabilisticActor(
+        TensorDictModule(policy.logits, in_keys=[obs_key], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictModule(policy.state_value, in_keys=[obs_key], out_keys=["state_value"])
+    frames = num_steps * num_envs
+    return harness.TorchRLSession(env, actor, critic, frames_per_batch=frames, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
 
 
-class EnvFloor:
+def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> harness.EnvAlone:
     """The pool alone, stepped with pre-drawn random actions: no collector can beat this on the same pool."""
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int) -> None:
-        self.env = _make_pool(num_envs, seed, num_threads)
-        self.env.reset()
-        rng = np.random.default_rng(seed)
-        n_actions = int(self.env.action_space.n)
-        self.actions = list(rng.integers(0, n_actions, size=(num_steps, num_envs)).astype(np.int32))
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        for action in self.actions:
-            self.env.step(action)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        self.env.close()
+    env = _make_pool(num_envs, seed, num_threads)
+    env.reset()
+    actions = np.random.default_rng(seed).integers(0, int(env.action_space.n), size=(num_steps, num_envs))
+    return harness.EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
 
 
-class PolicyFloor:
+# distinct recorded batches for the policy floor, cycled: enough that no cache holds them all (each is N x 28 KiB)
+RECORDED = 16
+
+
+def policy_floor(
+    num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
+) -> harness.PolicyAlone:
     """The policy forward alone (trunk, sample, log-prob, value) on recorded uint8 frame batches [N, 4, 84, 84]."""
-
-    # distinct recorded batches, cycled: enough that no cache holds them all (each is N x 28 KiB)
-    RECORDED = 16
-
-    def __init__(
-        self, num_envs: int, num_steps: int, seed: int, state: dict, *, num_threads: int, compiled: bool = False
-    ) -> None:
-        env = _make_pool(num_envs, seed, num_threads)
-        obs, _ = env.reset()
-        rng = np.random.default_rng(seed)
-        recorded = []
-        for _ in range(min(num_steps, self.RECORDED)):
-            recorded.append(torch.from_numpy(obs.copy()))
-            obs, *_ = env.step(rng.integers(0, env.action_space.n, size=num_envs).astype(np.int32))
-        env.close()
-        self.obs = [recorded[t % len(recorded)] for t in range(num_steps)]
-        self.policy = _policy(state, seed)
-        self.forward = torch.compile(self.policy) if compiled else self.policy
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.forward(obs)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        pass
+    env = _make_pool(num_envs, seed, num_threads)
+    first, _ = env.reset()
+    rng = np.random.default_rng(seed)
+    actions = [
+        rng.integers(0, env.action_space.n, size=num_envs).astype(np.int32) for _ in range(min(num_steps, RECORDED))
+    ]
+    recorded = recorded_obs(env, first, actions, convert=lambda obs: torch.from_numpy(obs.copy()))
+    env.close()
+    policy = _policy(state, seed)
+    obs = [recorded[t % len(recorded)] for t in range(num_steps)]
+    return harness.PolicyAlone(torch.compile(policy) if compiled else policy, obs, num_envs=num_envs)
 
 
 def systems(
@@ -411,44 +322,35 @@ def systems(
     args = (num_envs, num_steps, seed, state)
     kw = {"num_threads": num_threads}
     factories: dict[str, Callable[[], Session]] = {
-        REFERENCE: lambda: TorchRollout(*args, **kw, prefetch=1),
-        "torch_rollout thread (prefetch=0)": lambda: TorchRollout(*args, **kw, prefetch=0),
-        "torch_rollout process K=1 (prefetch=1)": lambda: TorchRollout(
+        REFERENCE: lambda: torch_rollout(*args, **kw, prefetch=1),
+        "torch_rollout thread (prefetch=0)": lambda: torch_rollout(*args, **kw, prefetch=0),
+        "torch_rollout process K=1 (prefetch=1)": lambda: torch_rollout(
             *args, **kw, prefetch=1, backend="process", num_workers=1
         ),
     }
     if compiled:
-        factories["torch_rollout thread (prefetch=1), compile_policy=True"] = lambda: TorchRollout(
+        factories["torch_rollout thread (prefetch=1), compile_policy=True"] = lambda: torch_rollout(
             *args, **kw, prefetch=1, compile_policy=True
         )
-        factories["torch_rollout thread (prefetch=0), compile_policy=True"] = lambda: TorchRollout(
+        factories["torch_rollout thread (prefetch=0), compile_policy=True"] = lambda: torch_rollout(
             *args, **kw, prefetch=0, compile_policy=True
         )
     notes = []
-    if _has("torchrl"):
-        factories["TorchRL Collector + GAE (GymWrapper, SAME_STEP adapter)"] = lambda: TorchRL(*args, **kw)
+    if has("torchrl"):
+        factories["TorchRL Collector + GAE (GymWrapper, SAME_STEP adapter)"] = lambda: torchrl(*args, **kw)
     else:
         notes.append("TorchRL not installed: skipped")
-    factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args, **kw)
-    factories[ENV_FLOOR] = lambda: EnvFloor(*args, **kw)
-    factories[POLICY_FLOOR] = lambda: PolicyFloor(*args, **kw)
+    factories["CleanRL-style loop"] = lambda: cleanrl_style(*args, **kw)
+    factories[ENV_FLOOR] = lambda: env_floor(*args, **kw)
+    factories[POLICY_FLOOR] = lambda: policy_floor(*args, **kw)
     if compiled:
-        factories["ref: policy forward alone, torch.compile'd"] = lambda: PolicyFloor(*args, **kw, compiled=True)
+        factories["ref: policy forward alone, torch.compile'd"] = lambda: policy_floor(*args, **kw, compiled=True)
     if num_threads != 0:
         # what the pool reaches with EnvPool's own thread count (one per env, up to the cores)
-        factories["ref: EnvPool stepping alone, num_threads=0 (EnvPool's default)"] = lambda: EnvFloor(
+        factories["ref: EnvPool stepping alone, num_threads=0 (EnvPool's default)"] = lambda: env_floor(
             *args, num_threads=0
         )
     return factories, notes
-
-
-def derived_floors(rates: dict[str, list[float]]) -> dict[str, list[float]]:
-    """Per repeat, from that repeat's env and policy floors: their serial sum and the slower of the two."""
-    pairs = list(zip(rates[ENV_FLOOR], rates[POLICY_FLOOR], strict=True))
-    return {
-        SERIAL_FLOOR: [1.0 / (1.0 / env + 1.0 / policy) for env, policy in pairs],
-        OVERLAP_CEILING: [min(env, policy) for env, policy in pairs],
-    }
 
 
 # ------------------------------------------------------------------------------ driver
@@ -493,45 +395,21 @@ def run(
     factories, notes = systems(num_envs, num_steps, seed, state, num_threads, compiled)
     log(f"atari: {TASK} N={num_envs} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)
-    rates.update(derived_floors(rates))
+    rates = with_floors(rates, ENV_FLOOR, POLICY_FLOOR)
     rows = summarize(rates, REFERENCE)
     serial = statistics.median(rates[SERIAL_FLOOR])
     for row in rows:
         row["vs_serial_floor"] = row["median"] / serial
-    results = {
-        "machine": machine_info(),
-        "config": {
-            "task": TASK,
-            "env_options": ENV_OPTIONS,
-            "num_threads": num_threads,
-            "N": num_envs,
-            "T": num_steps,
-            "repeats": repeats,
-            "timed_batches": timed,
-            "seed": seed,
-            "quick": quick,
-        },
-        "notes": notes,
-        "samples": rates,
-        "rows": rows,
-    }
-    write_json("atari_quick" if quick else "atari", results)
-    return results
+    config = dict(task=TASK, env_options=ENV_OPTIONS, num_threads=num_threads, N=num_envs, T=num_steps)
+    config.update(repeats=repeats, timed_batches=timed, seed=seed, quick=quick)
+    results = {"machine": machine_info(), "config": config, "notes": notes, "samples": rates, "rows": rows}
+    return record("atari", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
     """The table, with a note on what was counted and how."""
     config = results["config"]
-    rows = [
-        [
-            r["system"],
-            fmt_rate(r["median"]),
-            f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}",
-            f"{r['ratio']:.2f}x",
-            f"{r['vs_serial_floor']:.2f}x",
-        ]
-        for r in results["rows"]
-    ]
+    rows = [[*rate_cells(r), f"{r['vs_serial_floor']:.2f}x"] for r in results["rows"]]
     threads = "EnvPool's default" if config["num_threads"] == 0 else str(config["num_threads"])
     title = (
         f"Collection, Atari {config['task']} (EnvPool, num_threads={threads}), T={config['T']} x N={config['N']}, "
@@ -552,26 +430,17 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts).rstrip() + "\n"
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "default": 8}),
+    ("--num-steps", {"type": int, "default": None, "help": "T (default 128; 32 with --quick)"}),
+    ("--num-threads", {"type": int, "default": 1, "help": "EnvPool's num_threads (0: its default)"}),
+    ("--seed", {"type": int, "default": 0}),
+    ("--compiled", {"action": "store_true", "help": "add compile_policy=True rows"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat (T=32): checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--num-steps", type=int, default=None, help="T (default 128; 32 with --quick)")
-    parser.add_argument("--num-threads", type=int, default=1, help="EnvPool's num_threads (0: its default)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compiled", action="store_true", help="add compile_policy=True rows")
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        repeats=args.repeats,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        num_threads=args.num_threads,
-        seed=args.seed,
-        compiled=args.compiled,
-    )
-    print(to_markdown(results))
+    main_of(__doc__, run, to_markdown, *OPTIONS, quick="one short repeat (T=32): checks that every system runs")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import functools
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -37,14 +35,21 @@ import torch
 
 from _common import (
     ActorCritic,
+    CleanRLRollout,
+    CollectorSession,
+    EnvAlone,
+    PolicyAlone,
     Session,
-    advantages,
-    fmt_rate,
+    TorchRLSession,
+    cpu_collector,
+    has,
     machine_info,
+    main_of,
     make_policy,
     markdown_table,
-    placement,
     quiet_warnings,
+    rate_cells,
+    recorded_obs,
     run_interleaved,
     summarize,
     write_json,
@@ -58,10 +63,6 @@ REFERENCE = "torch_rollout thread (prefetch=1)"
 LOCKSTEP = "torch_rollout thread (prefetch=0)"
 PROCESS_K1 = "torch_rollout process K=1 (prefetch=1)"
 PROCESS_K2 = "torch_rollout process K=2 (prefetch=1)"
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 def _policy(state: dict[str, torch.Tensor], seed: int) -> ActorCritic:
@@ -80,7 +81,20 @@ def sync_recipe(env_id: str = ENV_ID) -> functools.partial:
     return functools.partial(gym.make_vec, env_id, vectorization_mode="sync")
 
 
-class TorchRollout:
+def torch_rollout(
+    num_envs: int,
+    num_steps: int,
+    seed: int,
+    state: dict,
+    *,
+    prefetch: int,
+    env_id: str = ENV_ID,
+    autoreset_mode: gym.vector.AutoresetMode | None = None,
+    env_id_only: bool = False,
+    backend: str = "thread",
+    num_workers: int = 1,
+    compile_policy: bool = False,
+) -> CollectorSession:
     """torch_rollout's Collector on a gymnasium ``SyncVectorEnv`` (NEXT_STEP unless ``autoreset_mode`` says otherwise).
 
     ``backend="thread"`` gets the live vector env; ``backend="process"`` gets
@@ -89,93 +103,47 @@ class TorchRollout:
     ``gymnasium.make_vec``'s default, which for CartPole is gymnasium's NumPy-vectorised
     ``CartPoleVectorEnv``, not a ``SyncVectorEnv``.
     """
-
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        prefetch: int,
-        env_id: str = ENV_ID,
-        autoreset_mode: gym.vector.AutoresetMode | None = None,
-        env_id_only: bool = False,
-        backend: str = "thread",
-        num_workers: int = 1,
-    ) -> None:
-        from torch_rollout import Collector
-
-        self.envs = None
-        if env_id_only:
-            envs: Any = env_id
-        elif backend == "process":
-            if autoreset_mode is not None:
-                raise ValueError("TorchRollout: autoreset_mode is only set for backend='thread'")
-            envs = sync_recipe(env_id)
-        else:
-            vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
-            self.envs = envs = gym.make_vec(
-                env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs
-            )
-        self.collector = Collector(
-            envs,
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=placement(backend, num_workers),
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = next(self.batches)  # TensorDict [T, N]
-        return int(self.last["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
-        if self.envs is not None:
-            self.envs.close()
+    live = None
+    if env_id_only:
+        envs: Any = env_id
+    elif backend == "process":
+        if autoreset_mode is not None:
+            raise ValueError("torch_rollout: autoreset_mode is only set for backend='thread'")
+        envs = sync_recipe(env_id)
+    else:
+        vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
+        live = envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
+    return cpu_collector(
+        envs,
+        _policy(state, seed),
+        owned=live,
+        backend=backend,
+        num_workers=num_workers,
+        num_steps=num_steps,
+        num_envs=None if live is not None else num_envs,
+        prefetch=prefetch,
+        seed=seed,
+        compile_policy=compile_policy,
+    )
 
 
-class TorchRL:
-    """TorchRL's ``Collector`` on a SAME_STEP gymnasium vector env, then its ``GAE`` module on each batch.
+def torchrl(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID, env: Any = None) -> Any:
+    """TorchRL's ``Collector`` on a SAME_STEP gymnasium vector env (or ``env``), then its ``GAE`` module."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymWrapper
 
-    The actor writes action and log-prob; the GAE module runs the critic over the
-    batch's observations and next observations, as TorchRL's PPO recipes do.
-    """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.envs import GymWrapper
-        from torchrl.objectives.value import GAE
-
-        policy = _policy(state, seed)
+    policy = _policy(state, seed)
+    if env is None:
         vec = gym.vector.SyncVectorEnv(
             [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
         )
         env = GymWrapper(vec, categorical_action_encoding=True, device="cpu")
-        env.set_seed(seed)
-        actor = TensorDictModule(
-            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
-        )
-        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
-        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        self.last = batch = next(self.batches)  # TensorDict [N, T]
-        with torch.no_grad():
-            self.gae(batch)
-        return batch.numel()
-
-    def close(self) -> None:
-        self.collector.shutdown()
+    env.set_seed(seed)
+    actor = TensorDictModule(
+        policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
+    )
+    critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
+    return TorchRLSession(env, actor, critic, frames_per_batch=num_steps * num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA)
 
 
 class StableBaselines3:
@@ -263,126 +231,56 @@ class Rlox:
             close()
 
 
-class CleanRLStyle:
-    """The loop CleanRL's ppo.py writes: preallocated [T, N] buffers, done = terminated | truncated, Python-loop GAE.
-
-    Like CleanRL on gymnasium 1.x it runs in NEXT_STEP mode and treats reset rows as
-    transitions; only the real ones are counted here.
-    """
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> None:
-        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
-        self.agent = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-        obs_dim = self.envs.single_observation_space.shape[0]
-        self.obs = torch.zeros(num_steps, num_envs, obs_dim)
-        self.actions = torch.zeros(num_steps, num_envs, dtype=torch.long)
-        self.log_probs, self.rewards, self.dones, self.values, self.advantages = (
-            torch.zeros(num_steps, num_envs) for _ in range(5)
-        )
-        next_obs, _ = self.envs.reset(seed=seed)
-        self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
-        self.next_done = torch.zeros(num_envs)
-
-    def step(self) -> int:
-        for t in range(self.num_steps):
-            self.obs[t] = self.next_obs
-            self.dones[t] = self.next_done
-            with torch.no_grad():
-                action, log_prob, value = self.agent.get_action_and_value(self.next_obs)
-            self.actions[t], self.log_probs[t], self.values[t] = action, log_prob, value
-            next_obs, reward, terminated, truncated, _ = self.envs.step(action.numpy())
-            self.rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
-            self.next_done = torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32)
-        with torch.no_grad():
-            next_value = self.agent.get_value(self.next_obs)
-            last = torch.zeros(self.num_envs)
-            for t in reversed(range(self.num_steps)):
-                if t == self.num_steps - 1:
-                    not_done, bootstrap = 1.0 - self.next_done, next_value
-                else:
-                    not_done, bootstrap = 1.0 - self.dones[t + 1], self.values[t + 1]
-                delta = self.rewards[t] + GAMMA * bootstrap * not_done - self.values[t]
-                self.advantages[t] = last = delta + GAMMA * GAE_LAMBDA * not_done * last
-            self.returns = self.advantages + self.values
-        # dones[t] is the previous step's done: in NEXT_STEP mode row t only reset the env
-        return int(self.num_steps * self.num_envs - self.dones.sum().item())
-
-    def close(self) -> None:
-        self.envs.close()
+def cleanrl_style(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str = ENV_ID) -> CleanRLRollout:
+    """The loop CleanRL's ppo.py writes, on the SyncVectorEnv in NEXT_STEP mode."""
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    first, _ = envs.reset(seed=seed)
+    agent = _policy(state, seed)
+    return CleanRLRollout(
+        envs, agent, first, num_steps=num_steps, num_envs=num_envs, gamma=GAMMA, gae_lambda=GAE_LAMBDA
+    )
 
 
-class EnvFloor:
+def env_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str = "gymnasium") -> EnvAlone:
     """The vector env alone, stepped with pre-drawn random actions: no collector can beat this on the same env.
 
     ``backend``: "gymnasium" (the SyncVectorEnv the collectors use), "gymnasium-vector"
     (``make_vec``'s default for CartPole, the NumPy ``CartPoleVectorEnv``), "envpool" or "rlox".
     """
+    actions = np.random.default_rng(seed).integers(0, 2, size=(num_steps, num_envs))
+    if backend in ("gymnasium", "gymnasium-vector"):
+        env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync" if backend == "gymnasium" else None)
+        env.reset(seed=seed)
+        return EnvAlone(env, actions, num_envs=num_envs)
+    if backend == "envpool":
+        import envpool
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str = "gymnasium") -> None:
-        rng = np.random.default_rng(seed)
-        actions = rng.integers(0, 2, size=(num_steps, num_envs))
-        self.backend = backend
-        if backend in ("gymnasium", "gymnasium-vector"):
-            mode = "sync" if backend == "gymnasium" else None
-            self.env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode=mode)
-            self.env.reset(seed=seed)
-            self.actions = list(actions)
-        elif backend == "envpool":
-            import envpool
+        env = envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        env.reset()
+        return EnvAlone(env, actions.astype(np.int32), num_envs=num_envs)
+    if backend == "rlox":
+        import rlox
 
-            self.env = envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
-            self.env.reset()
-            self.actions = list(actions.astype(np.int32))
-        elif backend == "rlox":
-            import rlox
-
-            self.env = rlox.VecEnv(n=num_envs, seed=seed, env_id=ENV_ID)
-            self.env.reset_all()
-            self.actions = [row.tolist() for row in actions]  # rlox takes a list of ints
-        else:
-            raise ValueError(f"EnvFloor: unknown backend {backend!r}")
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        if self.backend == "rlox":
-            for action in self.actions:
-                self.env.step_all(action)
-        else:
-            for action in self.actions:
-                self.env.step(action)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        if self.backend != "rlox":
-            self.env.close()
+        env = rlox.VecEnv(n=num_envs, seed=seed, env_id=ENV_ID)
+        env.reset_all()
+        # rlox takes a list of ints and has no close
+        return EnvAlone(None, [row.tolist() for row in actions], num_envs=num_envs, step=env.step_all)
+    raise ValueError(f"env_floor: unknown backend {backend!r}")
 
 
-class PolicyFloor:
-    """The policy forward alone (sample, log-prob, value) on T pre-recorded CartPole observation batches."""
+def policy_floor(num_envs: int, num_steps: int, seed: int, state: dict, *, compiled: bool = False) -> PolicyAlone:
+    """The policy forward alone (sample, log-prob, value) on T pre-recorded CartPole observation batches.
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict) -> None:
-        envs = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
-        obs, _ = envs.reset(seed=seed)
-        rng = np.random.default_rng(seed)
-        recorded = []
-        for _ in range(num_steps):
-            recorded.append(torch.as_tensor(obs, dtype=torch.float32))
-            obs, *_ = envs.step(rng.integers(0, 2, size=num_envs))
-        envs.close()
-        self.obs = recorded  # T tensors [N, 4]
-        self.policy = _policy(state, seed)
-        self.num_steps, self.num_envs = num_steps, num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.policy(obs)
-        return self.num_steps * self.num_envs
-
-    def close(self) -> None:
-        pass
+    ``compiled``: through ``torch.compile`` (compiled by the untimed warm-up).
+    """
+    envs = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
+    first, _ = envs.reset(seed=seed)
+    obs = recorded_obs(envs, first, np.random.default_rng(seed).integers(0, 2, size=(num_steps, num_envs)))
+    envs.close()
+    policy = _policy(state, seed)
+    return PolicyAlone(
+        torch.compile(policy.eval().requires_grad_(False)) if compiled else policy, obs, num_envs=num_envs
+    )
 
 
 def systems(
@@ -391,45 +289,59 @@ def systems(
     """Factories of every system that can run here, and notes on the ones that cannot."""
     args = (num_envs, num_steps, seed, state)
     factories: dict[str, Callable[[], Session]] = {
-        REFERENCE: lambda: TorchRollout(*args, prefetch=1),
-        LOCKSTEP: lambda: TorchRollout(*args, prefetch=0),
+        REFERENCE: lambda: torch_rollout(*args, prefetch=1),
+        LOCKSTEP: lambda: torch_rollout(*args, prefetch=0),
         # worker processes, each stepping its share of the same SyncVectorEnv
-        PROCESS_K1: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=1),
-        PROCESS_K2: lambda: TorchRollout(*args, prefetch=1, backend="process", num_workers=2),
+        PROCESS_K1: lambda: torch_rollout(*args, prefetch=1, backend="process", num_workers=1),
+        PROCESS_K2: lambda: torch_rollout(*args, prefetch=1, backend="process", num_workers=2),
         # what Collector("CartPole-v1", ...) builds from an env id: another env implementation
-        "torch_rollout thread (prefetch=1), env id: CartPoleVectorEnv": lambda: TorchRollout(
+        "torch_rollout thread (prefetch=1), env id: CartPoleVectorEnv": lambda: torch_rollout(
             *args, prefetch=1, env_id_only=True
         ),
     }
     notes = []
-    if _has("torchrl"):
-        factories["TorchRL Collector + GAE"] = lambda: TorchRL(*args)
-    else:
-        notes.append("TorchRL not installed: skipped")
-    if _has("stable_baselines3"):
-        factories["SB3 PPO.collect_rollouts"] = lambda: StableBaselines3(*args)
-    else:
-        notes.append("stable-baselines3 not installed: skipped")
-    if _has("rlox"):
-        factories["rlox RolloutCollector (gymnasium)"] = lambda: Rlox(*args, native=False)
-        factories["rlox RolloutCollector (native CartPole)"] = lambda: Rlox(*args, native=True)
-    else:
-        notes.append("rlox not installed: skipped")
-    factories["CleanRL-style loop"] = lambda: CleanRLStyle(*args)
-    factories["floor: gymnasium SyncVectorEnv stepping alone"] = lambda: EnvFloor(*args)
-    factories["floor: policy forward alone"] = lambda: PolicyFloor(*args)
+    peers = {
+        ("torchrl", "TorchRL"): {"TorchRL Collector + GAE": lambda: torchrl(*args)},
+        ("stable_baselines3", "stable-baselines3"): {"SB3 PPO.collect_rollouts": lambda: StableBaselines3(*args)},
+        ("rlox", "rlox"): {
+            "rlox RolloutCollector (gymnasium)": lambda: Rlox(*args, native=False),
+            "rlox RolloutCollector (native CartPole)": lambda: Rlox(*args, native=True),
+        },
+    }
+    for (module, label), rows in peers.items():
+        if has(module):
+            factories.update(rows)
+        else:
+            notes.append(f"{label} not installed: skipped")
+    factories["CleanRL-style loop"] = lambda: cleanrl_style(*args)
+    factories["floor: gymnasium SyncVectorEnv stepping alone"] = lambda: env_floor(*args)
+    factories["floor: policy forward alone"] = lambda: policy_floor(*args)
     # other env back-ends: what the env floor would be with another CartPole implementation
-    factories["ref: gymnasium CartPoleVectorEnv stepping alone"] = lambda: EnvFloor(*args, backend="gymnasium-vector")
-    if _has("envpool"):
-        factories["ref: envpool env stepping alone"] = lambda: EnvFloor(*args, backend="envpool")
+    factories["ref: gymnasium CartPoleVectorEnv stepping alone"] = lambda: env_floor(*args, backend="gymnasium-vector")
+    if has("envpool"):
+        factories["ref: envpool env stepping alone"] = lambda: env_floor(*args, backend="envpool")
     else:
         notes.append("envpool not installed: its env floor skipped")
-    if _has("rlox"):
-        factories["ref: rlox VecEnv stepping alone"] = lambda: EnvFloor(*args, backend="rlox")
+    if has("rlox"):
+        factories["ref: rlox VecEnv stepping alone"] = lambda: env_floor(*args, backend="rlox")
     return factories, notes
 
 
 # ------------------------------------------------------------------------------ driver
+
+
+def setup(
+    quick: bool, repeats: int | None, num_envs: list[int] | None, num_steps: int, seed: int
+) -> tuple[int, list[int], dict[str, torch.Tensor], dict[str, Any]]:
+    """A CartPole run's defaults (1 repeat and N=8 quick; 5 and N=8, 64 full), weights and results' head;
+    one torch thread, the peers' warnings silenced."""
+    quiet_warnings()
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {"machine": machine_info()}
+    repeats = repeats or (1 if quick else 5)
+    results["config"] = {"T": num_steps, "repeats": repeats, "seed": seed}
+    results["tables"] = {}
+    return repeats, num_envs or ([8] if quick else [8, 64]), make_policy(seed).state_dict(), results
 
 
 def run(
@@ -459,13 +371,7 @@ def run(
     Returns:
         A dict with ``machine``, ``config`` and, per N, ``rows`` from :func:`summarize`.
     """
-    quiet_warnings()
-    torch.set_num_threads(1)
-    repeats = repeats or (1 if quick else 5)
-    num_envs = num_envs or ([8] if quick else [8, 64])
-    state = make_policy(seed).state_dict()
-    results: dict[str, Any] = {"machine": machine_info(), "config": {"T": num_steps, "repeats": repeats, "seed": seed}}
-    results["tables"] = {}
+    repeats, num_envs, state, results = setup(quick, repeats, num_envs, num_steps, seed)
     for n in num_envs:
         # at least ~3k timed transitions per system per repeat; one warm-up batch before
         timed = timed_batches or (1 if quick else max(1, 3072 // (n * num_steps)))
@@ -491,10 +397,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     """The collection tables, one per N."""
     parts = []
     for table in results["tables"].values():
-        rows = [
-            [r["system"], fmt_rate(r["median"]), f"{fmt_rate(r['min'])} - {fmt_rate(r['max'])}", f"{r['ratio']:.2f}x"]
-            for r in table["rows"]
-        ]
+        rows = [rate_cells(r) for r in table["rows"]]
         title = f"Collection, CartPole-v1, T={results['config']['T']} x N={table['num_envs']}, GAE included"
         parts.append(f"**{title}** (transitions/s, median of {results['config']['repeats']})\n\n")
         parts.append(markdown_table(["system", "median", "range", "vs thread, prefetch=1"], rows))
@@ -524,24 +427,16 @@ def process_verdict(table: dict[str, Any]) -> str:
     )
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+    ("--seed", {"type": int, "default": 0}),
+    ("--only", {"nargs": "+", "default": None, "help": "systems whose names contain one of these"}),
+    ("--timed-batches", {"type": int, "default": None, "help": "timed batches per system per repeat"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat: checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", default=None, help="systems whose names contain one of these")
-    parser.add_argument("--timed-batches", type=int, default=None, help="timed batches per system per repeat")
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        repeats=args.repeats,
-        num_envs=args.num_envs,
-        seed=args.seed,
-        only=args.only,
-        timed_batches=args.timed_batches,
-    )
-    print(to_markdown(results))
+    main_of(__doc__, run, to_markdown, *OPTIONS)
 
 
 if __name__ == "__main__":

@@ -27,27 +27,25 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+import collect
 import gymnasium as gym
 import torch
-from collect import ENV_ID, GAE_LAMBDA, GAMMA, PolicyFloor, _policy, sync_recipe
+from collect import _policy
 
 from _common import (
     Session,
-    advantages,
     fmt_rate,
     machine_info,
-    make_policy,
+    main_of,
     markdown_table,
-    quiet_warnings,
+    record,
     run_interleaved,
     summarize,
-    write_json,
 )
 
 __all__ = ["run"]
@@ -60,70 +58,20 @@ EAGER_FORWARD = "policy forward alone, eager"
 COMPILED_FORWARD = "policy forward alone, compiled"
 
 
-class Collecting:
-    """A Collector on CartPole-v1 ``SyncVectorEnv``s, eager or compiled, on the thread or in worker processes."""
-
-    def __init__(
-        self,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
-        state: dict,
-        *,
-        compile_policy: bool,
-        backend: str,
-        prefetch: int,
-        autoreset_mode: gym.vector.AutoresetMode | None = None,
-    ) -> None:
-        from torch_rollout import Collector
-
-        self.envs = None
-        if backend == "thread":
-            vector_kwargs = {} if autoreset_mode is None else {"autoreset_mode": autoreset_mode}
-            envs: Any = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs)
-            self.envs = envs
-        else:
-            envs = sync_recipe()
-        self.collector = Collector(
-            envs,
-            _policy(state, seed),
-            num_steps=num_steps,
-            num_envs=None if self.envs is not None else num_envs,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device="cpu",
-            prefetch=prefetch,
-            seed=seed,
-            backend=backend,
-            compile_policy=compile_policy,
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        return int(next(self.batches)["mask"].sum())
-
-    def close(self) -> None:
-        self.collector.close()
-        if self.envs is not None:
-            self.envs.close()
-
-
-class CompiledForward(PolicyFloor):
-    """The policy forward alone, through ``torch.compile`` (compiled by the untimed warm-up)."""
-
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict) -> None:
-        super().__init__(num_envs, num_steps, seed, state)
-        self.policy = torch.compile(self.policy.eval().requires_grad_(False))
+def collecting(num_envs: int, num_steps: int, seed: int, state: dict, *, backend: str, **kwargs: Any) -> Any:
+    """collect.py's Collector on CartPole-v1 ``SyncVectorEnv``s, eager or compiled, on the thread or in one worker."""
+    return collect.torch_rollout(num_envs, num_steps, seed, state, backend=backend, **kwargs)
 
 
 def systems(num_envs: int, num_steps: int, seed: int, state: dict) -> dict[str, Callable[[], Session]]:
     args = (num_envs, num_steps, seed, state)
     return {
-        EAGER_THREAD: lambda: Collecting(*args, compile_policy=False, backend="thread", prefetch=0),
-        COMPILED_THREAD: lambda: Collecting(*args, compile_policy=True, backend="thread", prefetch=0),
-        EAGER_PROCESS: lambda: Collecting(*args, compile_policy=False, backend="process", prefetch=1),
-        COMPILED_PROCESS: lambda: Collecting(*args, compile_policy=True, backend="process", prefetch=1),
-        EAGER_FORWARD: lambda: PolicyFloor(*args),
-        COMPILED_FORWARD: lambda: CompiledForward(*args),
+        EAGER_THREAD: lambda: collecting(*args, compile_policy=False, backend="thread", prefetch=0),
+        COMPILED_THREAD: lambda: collecting(*args, compile_policy=True, backend="thread", prefetch=0),
+        EAGER_PROCESS: lambda: collecting(*args, compile_policy=False, backend="process", prefetch=1),
+        COMPILED_PROCESS: lambda: collecting(*args, compile_policy=True, backend="process", prefetch=1),
+        EAGER_FORWARD: lambda: collect.policy_floor(*args),
+        COMPILED_FORWARD: lambda: collect.policy_floor(*args, compiled=True),
     }
 
 
@@ -157,7 +105,7 @@ def first_batch_seconds(num_envs: int, num_steps: int, seed: int, state: dict, *
     if compile_policy:
         torch._dynamo.reset()
     start = time.perf_counter()
-    session = Collecting(num_envs, num_steps, seed, state, compile_policy=compile_policy, backend="thread", prefetch=0)
+    session = collecting(num_envs, num_steps, seed, state, compile_policy=compile_policy, backend="thread", prefetch=0)
     try:
         session.step()
     finally:
@@ -171,7 +119,7 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
 
     torch._dynamo.reset()
     counters.clear()
-    session = Collecting(
+    session = collecting(
         num_envs,
         num_steps,
         seed,
@@ -191,21 +139,15 @@ def graphs_compiled(num_envs: int, num_steps: int, seed: int, state: dict, *, ba
 def run(
     *,
     quick: bool = False,
+    check_batches: int = 20,
+    seed: int = 0,
     repeats: int | None = None,
     num_envs: list[int] | None = None,
     num_steps: int = 128,
-    seed: int = 0,
-    check_batches: int = 20,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Runs the comparison and returns its results (also written to results/compiled.json)."""
-    quiet_warnings()
-    torch.set_num_threads(1)
-    repeats = repeats or (1 if quick else 5)
-    num_envs = num_envs or ([8] if quick else [8, 64])
-    state = make_policy(seed).state_dict()
-    results: dict[str, Any] = {"machine": machine_info(), "config": {"T": num_steps, "repeats": repeats, "seed": seed}}
-    results["tables"] = {}
+    repeats, num_envs, state, results = collect.setup(quick, repeats, num_envs, num_steps, seed)
     for n in num_envs:
         timed = 1 if quick else max(2, 8192 // (n * num_steps))
         log(f"compiled: N={n} T={num_steps}, {repeats} repeat(s), {timed} timed batch(es) after 1 warm-up")
@@ -229,8 +171,7 @@ def run(
             "cpu_us_per_call": cpu,
         }
     results["machine"]["load_average_1m_end"] = machine_info().get("load_average_1m")
-    write_json("compiled_quick" if quick else "compiled", results)
-    return results
+    return record("compiled", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -266,18 +207,15 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None}),
+    ("--check-batches", {"type": int, "default": 20}),
+    ("--seed", {"type": int, "default": 0}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one short repeat: checks that every system runs")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None)
-    parser.add_argument("--check-batches", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick, repeats=args.repeats, num_envs=args.num_envs, seed=args.seed, check_batches=args.check_batches
-    )
-    print(to_markdown(results))
+    main_of(__doc__, run, to_markdown, *OPTIONS)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ on several cores at once: its rows and its env-alone row are given too. A
 hand-written async loop (``recv``, forward, ``send``, no bookkeeping) shows
 what the overlap gives without the collector's work.
 Systems run interleaved (A B C A B C ...), each built afresh per repeat; the
-table gives medians, spreads and ratios to the serial floor.
+table gives medians, spreads and ratios to the serial floor. Writes ``results/envpool_async.json``.
 
 Usage::
 
@@ -32,12 +32,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from _common import fmt_rate, make_policy, quiet_warnings, run_interleaved
+from _common import (
+    CollectorSession,
+    EnvAlone,
+    HandLoop,
+    PolicyAlone,
+    fmt_rate,
+    load_line,
+    machine_info,
+    make_policy,
+    markdown_table,
+    quiet_warnings,
+    recorded_obs,
+    run_interleaved,
+    serial_floor,
+    write_json,
+)
 
 ENV_ID = "CartPole-v1"
 NUM_ENVS, NUM_STEPS = 64, 128
 # (fraction of num_envs as batch_size, num_threads) of the async rows; num_threads 0: EnvPool's default.
 ASYNC = ((1 / 2, 0), (1 / 2, 1), (3 / 4, 0), (3 / 4, 1))
+ENV, POLICY = "env alone (sync, num_threads=1)", "policy forward alone"
 
 
 def _pool(batch_size: int | None = None, num_threads: int = 0, seed: int = 0) -> Any:
@@ -82,46 +98,35 @@ def _actions(rng: np.random.Generator, space: Any, n: int) -> np.ndarray:
     return rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(np.float32)
 
 
-class EnvAlone:
+def _actions(space: Any, steps: int) -> list[np.ndarray]:
+    """``steps`` pre-drawn actions for N envs."""
+    rng = np.random.default_rng(0)
+    if hasattr(space, "n"):
+        return [rng.integers(0, space.n, size=NUM_ENVS).astype(np.int32) for _ in range(steps)]
+    return [rng.uniform(space.low, space.high, size=(NUM_ENVS, *space.shape)).astype(np.float32) for _ in range(steps)]
+
+
+def env_alone(num_threads: int) -> EnvAlone:
     """EnvPool in sync mode, stepped with pre-drawn actions: T steps of N envs."""
-
-    def __init__(self, num_threads: int) -> None:
-        self.env = _pool(num_threads=num_threads)
-        self.env.reset()
-        rng = np.random.default_rng(0)
-        self.actions = [_actions(rng, self.env.action_space, NUM_ENVS) for _ in range(NUM_STEPS)]
-
-    def step(self) -> int:
-        for action in self.actions:
-            self.env.step(action)
-        return NUM_STEPS * NUM_ENVS
-
-    def close(self) -> None:
-        self.env.close()
+    env = _pool(num_threads=num_threads)
+    env.reset()
+    return EnvAlone(env, _actions(env.action_space, NUM_STEPS), num_envs=NUM_ENVS)
 
 
-class PolicyAlone:
+def policy_alone() -> PolicyAlone:
     """The actor-critic's forward alone on T recorded observation batches [N, obs_dim]."""
+    env = _pool()
+    first, _ = env.reset()
+    obs = recorded_obs(env, first, _actions(env.action_space, NUM_STEPS))
+    env.close()
+    return PolicyAlone(_policy(), obs, num_envs=NUM_ENVS)
 
-    def __init__(self) -> None:
-        env = _pool()
-        obs, _ = env.reset()
-        rng = np.random.default_rng(0)
-        self.obs = []
-        for _ in range(NUM_STEPS):
-            self.obs.append(torch.as_tensor(obs, dtype=torch.float32))
-            obs, *_ = env.step(_actions(rng, env.action_space, NUM_ENVS))
-        env.close()
-        self.policy = _policy()
 
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.policy(obs)
-        return NUM_STEPS * NUM_ENVS
-
-    def close(self) -> None:
-        pass
+def hand_sync(num_threads: int) -> HandLoop:
+    """A hand-written sync loop: forward, step, nothing stored (the least a loop that acts must do)."""
+    env = _pool(num_threads=num_threads)
+    first, _ = env.reset()
+    return HandLoop(env, _policy(), first, num_steps=NUM_STEPS, num_envs=NUM_ENVS)
 
 
 class HandAsync:
@@ -146,61 +151,28 @@ class HandAsync:
         self.env.close()
 
 
-class HandSync:
-    """A hand-written sync loop: forward, step, nothing stored (the least a loop that acts must do)."""
-
-    def __init__(self, num_threads: int) -> None:
-        self.env = _pool(num_threads=num_threads)
-        self.obs, _ = self.env.reset()
-        self.policy = _policy()
-
-    def step(self) -> int:
-        obs = self.obs
-        with torch.no_grad():
-            for _ in range(NUM_STEPS):
-                action = self.policy(torch.as_tensor(obs, dtype=torch.float32))["action"]
-                obs, *_ = self.env.step(action.numpy())
-        self.obs = obs
-        return NUM_STEPS * NUM_ENVS
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class Collecting:
+def collecting(batch_size: int, num_threads: int, prefetch: int) -> CollectorSession:
     """``Collector(backend="thread")`` on a live EnvPool; one step is one batch [T, N]."""
+    from torch_rollout import Collector
 
-    def __init__(self, batch_size: int, num_threads: int, prefetch: int) -> None:
-        from torch_rollout import Collector
-
-        self.env = _pool(batch_size, num_threads)
-        self.collector = Collector(
-            self.env, _policy(), num_steps=NUM_STEPS, backend="thread", device="cpu", prefetch=prefetch
-        )
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        next(self.batches)
-        return NUM_STEPS * NUM_ENVS
-
-    def close(self) -> None:
-        self.collector.close()
-        self.env.close()
+    env = _pool(batch_size, num_threads)
+    collector = Collector(env, _policy(), num_steps=NUM_STEPS, backend="thread", device="cpu", prefetch=prefetch)
+    return CollectorSession(collector, frames=NUM_STEPS * NUM_ENVS, owned=env)
 
 
 def systems(prefetch: int) -> dict[str, Callable[[], Any]]:
     factories: dict[str, Callable[[], Any]] = {
-        "env alone (sync, num_threads=1)": lambda: EnvAlone(1),
-        "ref: env alone (sync, num_threads=0)": lambda: EnvAlone(0),
-        "policy forward alone": PolicyAlone,
-        "ref: hand-written sync loop (num_threads=1)": lambda: HandSync(1),
-        f"collector, sync (num_threads=1), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 1, prefetch),
-        f"collector, sync (num_threads=0), prefetch={prefetch}": lambda: Collecting(NUM_ENVS, 0, prefetch),
+        ENV: lambda: env_alone(1),
+        "ref: env alone (sync, num_threads=0)": lambda: env_alone(0),
+        POLICY: policy_alone,
+        "ref: hand-written sync loop (num_threads=1)": lambda: hand_sync(1),
+        f"collector, sync (num_threads=1), prefetch={prefetch}": lambda: collecting(NUM_ENVS, 1, prefetch),
+        f"collector, sync (num_threads=0), prefetch={prefetch}": lambda: collecting(NUM_ENVS, 0, prefetch),
     }
     for fraction, threads in ASYNC:
         batch_size = round(NUM_ENVS * fraction)
         factories[f"collector, async batch_size={batch_size} num_threads={threads}, prefetch={prefetch}"] = (
-            lambda b=batch_size, n=threads: Collecting(b, n, prefetch)
+            lambda b=batch_size, n=threads: collecting(b, n, prefetch)
         )
     half = NUM_ENVS // 2
     factories[f"ref: hand-written async loop, batch_size={half} num_threads=0"] = lambda: HandAsync(half, 0)
@@ -223,23 +195,23 @@ def main() -> None:
     load = os.getloadavg()[0]
     rates = run_interleaved(systems(args.prefetch), repeats=args.repeats, warmup=1, steps=args.batches)
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    env, policy = medians["env alone (sync, num_threads=1)"], medians["policy forward alone"]
-    serial = 1.0 / (1.0 / env + 1.0 / policy)
-    ceiling = min(env, policy)
+    serial, ceiling = serial_floor(medians[ENV], medians[POLICY]), min(medians[ENV], medians[POLICY])
     print(
         f"\nEnvPool {ENV_ID}, N={NUM_ENVS}, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, "
-        f"{args.repeats} interleaved repeats of {args.batches} batches; 1-min load {load:.2f} at the start, "
-        f"{os.getloadavg()[0]:.2f} at the end"
+        f"{args.repeats} interleaved repeats of {args.batches} batches; {load_line(load)}"
     )
     print(
         f"serial floor (env + policy, one after the other): {fmt_rate(serial)} frames/s; overlap ceiling "
         f"(the slower alone): {fmt_rate(ceiling)} frames/s = {ceiling / serial:.2f}x the floor\n"
     )
-    print(f"| {'system':<66} | frames/s (median) | min - max | x serial floor |")
-    print(f"|{'-' * 68}|-------------------|-----------|----------------|")
-    for name, values in rates.items():
-        spread = f"{fmt_rate(min(values))} - {fmt_rate(max(values))}"
-        print(f"| {name:<66} | {fmt_rate(medians[name]):>17} | {spread} | {medians[name] / serial:.2f}x |")
+    rows = [
+        [name, fmt_rate(medians[name]), f"{fmt_rate(min(v))} - {fmt_rate(max(v))}", f"{medians[name] / serial:.2f}x"]
+        for name, v in rates.items()
+    ]
+    print(markdown_table(["system", "frames/s (median)", "min - max", "x serial floor"], rows))
+    config = {"env": ENV_ID, "N": NUM_ENVS, "T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches}
+    config.update(prefetch=args.prefetch, load_1m_start=load)
+    write_json("envpool_async", {"machine": machine_info(), "config": config, "samples": rates, "medians": medians})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from _common import machine_info, make_policy, markdown_table, write_json
+from _common import machine_info, main_of, make_policy, markdown_table, record
 
 __all__ = ["Greedy", "run", "to_markdown"]
 
@@ -89,8 +88,7 @@ def run(*, quick: bool = False, repeats: int | None = None, steps: list[int] | N
         results["training_backend"] = training.backend
     results["tables"] = tables
     results["machine"]["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-    write_json("eval_collector_quick" if quick else "eval_collector", results)
-    return results
+    return record("eval_collector", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -109,13 +107,15 @@ def to_markdown(results: dict[str, Any]) -> str:
     return markdown_table(header, rows) + "\n"
 
 
+OPTIONS = (
+    ("--steps", {"type": int, "nargs": "+", "default": None, "help": "default: 50 200 500"}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 repeats of 50 steps: checks that it runs")
-    parser.add_argument("--repeats", type=int, default=None, help="default: 9")
-    parser.add_argument("--steps", type=int, nargs="+", default=None, help="default: 50 200 500")
-    args = parser.parse_args()
-    print(to_markdown(run(quick=args.quick, repeats=args.repeats, steps=args.steps)))
+    main_of(
+        __doc__, run, to_markdown, *OPTIONS, quick="2 repeats of 50 steps: checks that it runs", repeats="default: 9"
+    )
 
 
 if __name__ == "__main__":

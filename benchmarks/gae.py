@@ -14,7 +14,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import time
 from collections.abc import Callable
@@ -23,7 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, run_interleaved, summarize, write_json
+from _common import (
+    fmt_rate,
+    machine_info,
+    main_of,
+    markdown_table,
+    quiet_warnings,
+    record,
+    run_interleaved,
+    summarize,
+)
 
 __all__ = ["run", "REFERENCE", "make_transitions", "reference_gae"]
 
@@ -282,8 +290,7 @@ def run(
                     "rows": rows,
                 }
             )
-    write_json("gae_quick" if quick else "gae", results)
-    return results
+    return record("gae", results, quick=quick)
 
 
 def _fmt_time(us: float) -> str:
@@ -325,12 +332,7 @@ def to_markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    print(to_markdown(run(quick=args.quick, repeats=args.repeats, seed=args.seed)))
+    main_of(__doc__, run, to_markdown, ("--seed", {"type": int, "default": 0}), quick="one short repeat")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from gae import BYTES_PER_ELEMENT, GAE_LAMBDA, GAMMA, make_transitions
 
 from _common import (
     ActorCritic,
+    CollectorSession,
     advantages,
     fmt_rate,
     machine_info,
@@ -66,42 +67,31 @@ def _policy(hidden: int, seed: int = 0) -> ActorCritic:
     return ActorCritic(obs_dim=4, n_actions=2, hidden=hidden)
 
 
-class Collecting:
-    """One collector on CartPole-v1 N=64 (the SyncVectorEnv recipe); ``step()`` collects one batch."""
+def collecting(*, device: str, hidden: int, backend: str, prefetch: int, num_workers: int = 1) -> CollectorSession:
+    """One collector on CartPole-v1 N=64 (the SyncVectorEnv recipe); ``step()`` collects one batch.
 
-    def __init__(self, *, device: str, hidden: int, backend: str, prefetch: int, num_workers: int = 1) -> None:
-        from torch_rollout import Collector
+    Its count of real transitions reads the mask (``.item()`` syncs: the batch is complete on the device).
+    """
+    from torch_rollout import Collector
 
-        recipe = functools.partial(gym.make_vec, "CartPole-v1", vectorization_mode="sync")
-        envs = recipe(NUM_ENVS) if backend == "thread" else recipe
-        self.device = torch.device(device)
-        self.collector = Collector(
-            envs,
-            _policy(hidden).to(device),
-            num_steps=NUM_STEPS,
-            num_envs=None if backend == "thread" else NUM_ENVS,
-            gae=advantages(GAMMA, GAE_LAMBDA),
-            device=device,
-            prefetch=prefetch,
-            seed=0,
-            backend=placement(backend, num_workers),
-        )
-        self.owned = envs if backend == "thread" else None
-        self.batches = iter(self.collector)
-
-    def step(self) -> int:
-        batch = next(self.batches)
-        count = int(batch["mask"].sum())  # .item() syncs: the batch is complete on the device
-        return count
-
-    def close(self) -> None:
-        self.collector.close()
-        if self.owned is not None:
-            self.owned.close()
+    recipe = functools.partial(gym.make_vec, "CartPole-v1", vectorization_mode="sync")
+    envs = recipe(NUM_ENVS) if backend == "thread" else recipe
+    collector = Collector(
+        envs,
+        _policy(hidden).to(device),
+        num_steps=NUM_STEPS,
+        num_envs=None if backend == "thread" else NUM_ENVS,
+        gae=advantages(GAMMA, GAE_LAMBDA),
+        device=device,
+        prefetch=prefetch,
+        seed=0,
+        backend=placement(backend, num_workers),
+    )
+    return CollectorSession(collector, owned=envs if backend == "thread" else None)
 
 
 def bench_collect(device: str, *, repeats: int, timed: int, log: Callable[[str], None]) -> dict[str, Any]:
-    factories: dict[str, Callable[[], Collecting]] = {}
+    factories: dict[str, Callable[[], CollectorSession]] = {}
     for hidden in HIDDEN:
         size = f"{hidden}x{hidden}"
         for name, kwargs in (
@@ -111,11 +101,11 @@ def bench_collect(device: str, *, repeats: int, timed: int, log: Callable[[str],
             ("process K=2, prefetch=1", {"backend": "process", "prefetch": 1, "num_workers": 2}),
         ):
             factories[f"{size} on {device}: {name}"] = functools.partial(
-                Collecting, device=device, hidden=hidden, **kwargs
+                collecting, device=device, hidden=hidden, **kwargs
             )
         # the same policy on the CPU, for what the GPU buys
         factories[f"{size} on cpu: thread, prefetch=0"] = functools.partial(
-            Collecting, device="cpu", hidden=hidden, backend="thread", prefetch=0
+            collecting, device="cpu", hidden=hidden, backend="thread", prefetch=0
         )
     log(f"gpu collect: CartPole-v1 T={NUM_STEPS} x N={NUM_ENVS}, {repeats} repeat(s), {timed} timed batch(es)")
     rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=timed, log=log)

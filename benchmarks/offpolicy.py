@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import statistics
 import sys
@@ -43,11 +42,24 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
-from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, run_interleaved, write_json
+from _common import (
+    RING_KEYS,
+    EnvAlone,
+    PolicyAlone,
+    Ring,
+    RingLoop,
+    fmt_rate,
+    has,
+    machine_info,
+    markdown_table,
+    quiet_warnings,
+    run_interleaved,
+    serial_floor,
+    write_json,
+)
 
 __all__ = ["SHAPES", "factories", "run_shape", "shape_name", "to_markdown"]
 
@@ -65,7 +77,6 @@ SHAPES = (
 FRAMES_PER_UNIT = 1024  # a timed unit is whole batches of at least this many frames
 RING_FRAMES = 1 << 20  # transitions the ring holds (rounded down to whole batches)
 OBS_DIM, N_ACTIONS = 4, 2
-RING_KEYS = ("obs", "action", "reward", "next_obs", "terminated")  # in the order of Ring.write
 
 
 class QNetwork(nn.Module):
@@ -84,30 +95,8 @@ def _q(device: torch.device) -> QNetwork:
     return QNetwork().to(device)
 
 
-class Ring:
-    """The replay ring every system writes into: preallocated tensors, whole batches copied in with ``copy_``."""
-
-    def __init__(self, batch_frames: int, device: torch.device) -> None:
-        self.capacity = max(RING_FRAMES // batch_frames, 1) * batch_frames
-        self.obs = torch.zeros(self.capacity, OBS_DIM, device=device)
-        self.next_obs = torch.zeros(self.capacity, OBS_DIM, device=device)
-        self.action = torch.zeros(self.capacity, dtype=torch.int64, device=device)
-        self.reward = torch.zeros(self.capacity, device=device)
-        self.terminated = torch.zeros(self.capacity, dtype=torch.bool, device=device)
-        self.pos = 0
-
-    def write(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any) -> None:
-        """Copies transitions [B] in; B divides the capacity, so a write never wraps."""
-        n = obs.shape[0]
-        pos, self.pos = self.pos, (self.pos + n) % self.capacity
-        for dst, src in (
-            (self.obs, obs),
-            (self.action, action),
-            (self.reward, reward),
-            (self.next_obs, next_obs),
-            (self.terminated, terminated),
-        ):
-            dst[pos : pos + n].copy_(src)
+def _ring(shape: _Shape) -> Ring:
+    return Ring(RING_FRAMES, shape.batch_frames, OBS_DIM, shape.device)
 
 
 def _gym_envs(num_envs: int) -> gym.vector.VectorEnv:
@@ -141,44 +130,10 @@ class _Shape:
         return self.frames
 
 
-class HandLoop:
+def hand_loop(shape: _Shape) -> RingLoop:
     """CleanRL's loop for NumPy envs, FastTD3's for torch envs: act, step, true next obs, ring write."""
-
-    def __init__(self, shape: _Shape) -> None:
-        self.shape, self.envs, self.q = shape, shape.envs(), _q(shape.device)
-        self.ring = Ring(shape.batch_frames, shape.device)
-        self.obs, _ = self.envs.reset(seed=0)
-
-    def step(self) -> int:
-        obs, ring = self.obs, self.ring
-        with torch.no_grad():
-            for _ in range(self.shape.batches * self.shape.num_steps):
-                if self.shape.kind == "gym":
-                    obs_t = torch.as_tensor(obs)
-                    action = self.q(obs_t)["action"]
-                    next_obs, reward, terminated, _, infos = self.envs.step(action.numpy())
-                    real_next_obs = next_obs.copy()
-                    if "_final_obs" in infos:  # CleanRL's patch: the final observations of the ended envs
-                        for idx in np.flatnonzero(infos["_final_obs"]):
-                            real_next_obs[idx] = infos["final_obs"][idx]
-                    ring.write(
-                        obs_t,
-                        action,
-                        torch.from_numpy(reward),
-                        torch.from_numpy(real_next_obs),
-                        torch.from_numpy(terminated),
-                    )
-                else:
-                    action = self.q(obs)["action"]
-                    next_obs, reward, terminated, _, infos = self.envs.step(action)
-                    real_next_obs = torch.where(infos["_final_obs"][:, None], infos["final_obs"], next_obs)
-                    ring.write(obs, action, reward, real_next_obs, terminated)
-                obs = next_obs
-        self.obs = obs
-        return self.shape.done()
-
-    def close(self) -> None:
-        self.envs.close()
+    steps = shape.batches * shape.num_steps
+    return RingLoop(shape.envs(), _q(shape.device), _ring(shape), steps=steps, frames=shape.frames, device=shape.device)
 
 
 class Collecting:
@@ -191,7 +146,7 @@ class Collecting:
         from torch_rollout import BatchKeys, Collector
 
         self.shape, self.envs, self.whole = shape, shape.envs(), whole
-        self.ring = Ring(shape.batch_frames, shape.device)
+        self.ring = _ring(shape)
         self.collector = Collector(
             self.envs,
             _q(shape.device),
@@ -239,7 +194,7 @@ class TorchRL:
         q = _q(shape.device)
         actor = TensorDictModule(lambda obs: q(obs)["action"], in_keys=["observation"], out_keys=["action"])
         self.collector = Collector(env, actor, frames_per_batch=shape.batch_frames, total_frames=-1, device="cpu")
-        self.buffer = ReplayBuffer(storage=LazyTensorStorage(Ring(shape.batch_frames, shape.device).capacity))
+        self.buffer = ReplayBuffer(storage=LazyTensorStorage(_ring(shape).capacity))
         self.shape, self.batches = shape, iter(self.collector)
 
     def step(self) -> int:
@@ -251,42 +206,24 @@ class TorchRL:
         self.collector.shutdown()
 
 
-class EnvAlone:
-    def __init__(self, shape: _Shape) -> None:
-        self.shape, self.envs = shape, shape.envs()
-        self.envs.reset(seed=0)
-        steps = shape.batches * shape.num_steps
-        actions = torch.randint(N_ACTIONS, (steps, shape.num_envs), generator=torch.Generator().manual_seed(0))
-        self.actions = list(actions.numpy()) if shape.kind == "gym" else list(actions.to(shape.device))
-
-    def step(self) -> int:
-        for action in self.actions:
-            self.envs.step(action)
-        return self.shape.done()
-
-    def close(self) -> None:
-        self.envs.close()
+def env_alone(shape: _Shape) -> EnvAlone:
+    envs = shape.envs()
+    envs.reset(seed=0)
+    steps = shape.batches * shape.num_steps
+    actions = torch.randint(N_ACTIONS, (steps, shape.num_envs), generator=torch.Generator().manual_seed(0))
+    actions = list(actions.numpy()) if shape.kind == "gym" else list(actions.to(shape.device))
+    return EnvAlone(envs, actions, num_envs=shape.num_envs, device=shape.device)
 
 
-class PolicyAlone:
-    def __init__(self, shape: _Shape) -> None:
-        self.shape, self.q = shape, _q(shape.device)
-        envs = shape.envs()
-        obs, _ = envs.reset(seed=0)
-        self.obs = []
-        for _ in range(shape.batches * shape.num_steps):
-            self.obs.append(torch.as_tensor(obs, device=shape.device))
-            obs, *_ = envs.step(envs.action_space.sample() if shape.kind == "gym" else self.q(self.obs[-1])["action"])
-        envs.close()
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.q(obs)
-        return self.shape.done()
-
-    def close(self) -> None:
-        pass
+def policy_alone(shape: _Shape) -> PolicyAlone:
+    q, envs = _q(shape.device), shape.envs()
+    obs, _ = envs.reset(seed=0)
+    recorded = []
+    for _ in range(shape.batches * shape.num_steps):
+        recorded.append(torch.as_tensor(obs, device=shape.device))
+        obs, *_ = envs.step(envs.action_space.sample() if shape.kind == "gym" else q(recorded[-1])["action"])
+    envs.close()
+    return PolicyAlone(q, recorded, num_envs=shape.num_envs, device=shape.device)
 
 
 def factories(
@@ -295,15 +232,15 @@ def factories(
     """The systems of one shape, by name, for ``run_interleaved`` (TorchRL's on the CPU, if it is installed)."""
     shape = _Shape(kind, num_envs, num_steps, torch.device(device))
     systems: dict[str, Callable[[], Any]] = {
-        "hand loop": functools.partial(HandLoop, shape),
+        "hand loop": functools.partial(hand_loop, shape),
         "collector, prefetch=0": functools.partial(Collecting, shape, 0),
         "collector, prefetch=1": functools.partial(Collecting, shape, 1),
         "collector, prefetch=0, batch.reshape(-1)": functools.partial(Collecting, shape, 0, True),
     }
-    if torchrl and importlib.util.find_spec("torchrl") is not None and shape.device.type == "cpu":
+    if torchrl and has("torchrl") and shape.device.type == "cpu":
         systems["TorchRL Collector + ReplayBuffer"] = functools.partial(TorchRL, shape)
-    systems["env alone"] = functools.partial(EnvAlone, shape)
-    systems["policy alone"] = functools.partial(PolicyAlone, shape)
+    systems["env alone"] = functools.partial(env_alone, shape)
+    systems["policy alone"] = functools.partial(policy_alone, shape)
     return systems
 
 
@@ -323,7 +260,7 @@ def run_shape(
         factories(kind, num_envs, num_steps, device, torchrl=torchrl), repeats=repeats, warmup=1, steps=units, log=log
     )
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    medians["serial floor"] = 1.0 / (1.0 / medians["env alone"] + 1.0 / medians["policy alone"])
+    medians["serial floor"] = serial_floor(medians["env alone"], medians["policy alone"])
     hand = medians["hand loop"]
     return {"rates": rates, "medians": medians, "ratios": {name: value / hand for name, value in medians.items()}}
 

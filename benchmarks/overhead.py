@@ -20,14 +20,14 @@ frames are env steps x N (reset rows included, as in the floors).
 
 Usage::
 
-    benchmarks/.venv/bin/python benchmarks/overhead.py [--repeats R] [--batches B]
+    benchmarks/.venv/bin/python benchmarks/overhead.py [--repeats R] [--batches B] [--case ENV_ID:N ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -35,10 +35,25 @@ import numpy as np
 import torch
 from envpool_async import GaussianActorCritic
 
-from _common import fmt_rate, make_policy, placement, quiet_warnings, run_interleaved
+from _common import (
+    CollectorSession,
+    EnvAlone,
+    HandLoop,
+    PolicyAlone,
+    floor_table,
+    load_line,
+    machine_info,
+    make_policy,
+    placement,
+    quiet_warnings,
+    recorded_obs,
+    run_interleaved,
+    write_json,
+)
 
 CASES = (("CartPole-v1", 8), ("CartPole-v1", 64), ("HalfCheetah-v5", 16))
 NUM_STEPS = 128
+ENV, POLICY = "env alone", "policy forward alone"
 
 
 def _envs(env_id: str, num_envs: int, mode: str = "sync") -> gym.vector.VectorEnv:
@@ -52,145 +67,104 @@ def _policy(envs: gym.vector.VectorEnv) -> torch.nn.Module:
     return GaussianActorCritic(obs_dim, int(np.prod(space.shape)))
 
 
-class EnvAlone:
-    def __init__(self, env_id: str, num_envs: int) -> None:
-        self.envs = _envs(env_id, num_envs)
-        self.envs.reset(seed=0)
-        self.envs.action_space.seed(0)
-        self.actions = [self.envs.action_space.sample() for _ in range(NUM_STEPS)]
-        self.frames = NUM_STEPS * num_envs
-
-    def step(self) -> int:
-        for action in self.actions:
-            self.envs.step(action)
-        return self.frames
-
-    def close(self) -> None:
-        self.envs.close()
+def env_alone(env_id: str, num_envs: int) -> EnvAlone:
+    """The ``SyncVectorEnv`` stepped alone with T pre-drawn actions."""
+    envs = _envs(env_id, num_envs)
+    envs.reset(seed=0)
+    envs.action_space.seed(0)
+    return EnvAlone(envs, [envs.action_space.sample() for _ in range(NUM_STEPS)], num_envs=num_envs)
 
 
-class PolicyAlone:
-    def __init__(self, env_id: str, num_envs: int) -> None:
-        envs = _envs(env_id, num_envs)
-        obs, _ = envs.reset(seed=0)
-        envs.action_space.seed(0)
-        self.obs = []
-        for _ in range(NUM_STEPS):
-            self.obs.append(torch.as_tensor(obs, dtype=torch.float32))
-            obs, *_ = envs.step(envs.action_space.sample())
-        self.policy = _policy(envs)
-        envs.close()
-        self.frames = NUM_STEPS * num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for obs in self.obs:
-                self.policy(obs)
-        return self.frames
-
-    def close(self) -> None:
-        pass
+def policy_alone(env_id: str, num_envs: int) -> PolicyAlone:
+    """The policy's forward alone on T observation batches recorded with random actions."""
+    envs = _envs(env_id, num_envs)
+    first, _ = envs.reset(seed=0)
+    envs.action_space.seed(0)
+    obs = recorded_obs(envs, first, [envs.action_space.sample() for _ in range(NUM_STEPS)])
+    policy = _policy(envs)
+    envs.close()
+    return PolicyAlone(policy, obs, num_envs=num_envs)
 
 
-class HandLoop:
-    """Obs to tensor, forward, action to the env: the least a loop that acts must do (``mode``: of make_vec)."""
-
-    def __init__(self, env_id: str, num_envs: int, mode: str = "sync") -> None:
-        self.envs = _envs(env_id, num_envs, mode)
-        self.obs, _ = self.envs.reset(seed=0)
-        self.policy = _policy(self.envs)
-        self.frames = NUM_STEPS * num_envs
-
-    def step(self) -> int:
-        obs = self.obs
-        with torch.no_grad():
-            for _ in range(NUM_STEPS):
-                action = self.policy(torch.as_tensor(obs, dtype=torch.float32))["action"]
-                obs, *_ = self.envs.step(action.numpy())
-        self.obs = obs
-        return self.frames
-
-    def close(self) -> None:
-        self.envs.close()
+def hand_loop(env_id: str, num_envs: int, mode: str = "sync") -> HandLoop:
+    """Obs to tensor, forward, action to the env (``mode``: of make_vec)."""
+    envs = _envs(env_id, num_envs, mode)
+    first, _ = envs.reset(seed=0)
+    return HandLoop(envs, _policy(envs), first, num_steps=NUM_STEPS, num_envs=num_envs)
 
 
-class Collecting:
+def collecting(
+    env_id: str,
+    num_envs: int,
+    double_buffer: bool = False,
+    *,
+    backend: str = "thread",
+    num_workers: int = 1,
+    prefetch: int = 0,
+) -> CollectorSession:
     """``Collector(backend="thread", prefetch=0)`` (or ``placement``) given the env id: a SyncVectorEnv, or two
     AsyncVectorEnv groups."""
+    from torch_rollout import Collector, double_buffered, gym_envs
 
-    def __init__(
-        self,
-        env_id: str,
-        num_envs: int,
-        double_buffer: bool = False,
-        *,
-        backend: str = "thread",
-        num_workers: int = 1,
-        prefetch: int = 0,
-    ) -> None:
-        from torch_rollout import Collector, double_buffered, gym_envs
-
-        probe = _envs(env_id, 1)
-        policy = _policy(probe)
-        probe.close()
-        envs = double_buffered(env_id) if double_buffer else gym_envs(env_id, vectorization_mode="sync")
-        self.collector = Collector(
-            envs,
-            policy,
-            num_envs=num_envs,
-            num_steps=NUM_STEPS,
-            device="cpu",
-            seed=0,
-            backend=placement(backend, num_workers),
-            prefetch=prefetch,
-        )
-        self.batches = iter(self.collector)
-        self.frames = NUM_STEPS * num_envs
-
-    def step(self) -> int:
-        next(self.batches)
-        return self.frames
-
-    def close(self) -> None:
-        self.collector.close()
+    probe = _envs(env_id, 1)
+    policy = _policy(probe)
+    probe.close()
+    envs = double_buffered(env_id) if double_buffer else gym_envs(env_id, vectorization_mode="sync")
+    collector = Collector(
+        envs,
+        policy,
+        num_envs=num_envs,
+        num_steps=NUM_STEPS,
+        device="cpu",
+        seed=0,
+        backend=placement(backend, num_workers),
+        prefetch=prefetch,
+    )
+    return CollectorSession(collector, frames=NUM_STEPS * num_envs)
 
 
-def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
+def run_case(env_id: str, num_envs: int, repeats: int, batches: int) -> dict[str, list[float]]:
     factories = {
-        "env alone": lambda: EnvAlone(env_id, num_envs),
-        "policy forward alone": lambda: PolicyAlone(env_id, num_envs),
-        "hand-written loop": lambda: HandLoop(env_id, num_envs),
-        "Collector thread, prefetch=0": lambda: Collecting(env_id, num_envs),
+        ENV: lambda: env_alone(env_id, num_envs),
+        POLICY: lambda: policy_alone(env_id, num_envs),
+        "hand-written loop": lambda: hand_loop(env_id, num_envs),
+        "Collector thread, prefetch=0": lambda: collecting(env_id, num_envs),
     }
-    rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    serial = 1.0 / (1.0 / medians["env alone"] + 1.0 / medians["policy forward alone"])
-    return {"rates": rates, "medians": medians, "serial": serial}
+    return run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def measure_cases(
+    doc: str, run_case: Callable[..., dict[str, list[float]]], cases: Sequence[tuple[str, int]], *, batches: int
+) -> tuple[argparse.Namespace, dict[str, Any], float]:
+    """The command line (``--repeats``, ``--batches``, ``--case``), then every case's rates, one torch thread;
+    returns the arguments, the rates by case and the 1-min load at the start."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=4, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--batches", type=int, default=batches, help="timed batches of T * N steps per repeat")
+    parser.add_argument("--case", action="append", help="ENV_ID:N (repeatable); default: the cases above")
     args = parser.parse_args()
+    if args.case:
+        cases = [(case.split(":")[0], int(case.split(":")[1])) for case in args.case]
     quiet_warnings()
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
-    results = {case: run_case(*case, args.repeats, args.batches) for case in CASES}
+    return args, {f"{env_id} N={n}": run_case(env_id, n, args.repeats, args.batches) for env_id, n in cases}, load
+
+
+def save(name: str, args: argparse.Namespace, cases: dict[str, Any], load: float) -> None:
+    """Writes ``results/<name>.json``: the machine, the run's settings and every case's rates."""
+    config = {"T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches, "load_1m_start": load}
+    write_json(name, {"machine": machine_info(), "config": config, "cases": cases})
+
+
+def main() -> None:
+    args, cases, load = measure_cases(__doc__, run_case, CASES, batches=4)
     print(
         f"\nSyncVectorEnv, T={NUM_STEPS}, 64x64 actor-critic, 1 torch thread, {args.repeats} interleaved "
-        f"repeats of {args.batches} batches; 1-min load {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
-        "end\n"
+        f"repeats of {args.batches} batches; {load_line(load)}\n"
     )
-    print("| case | system | frames/s (median) | min - max | x serial floor |")
-    print("|:---|:---|---:|---:|---:|")
-    for (env_id, num_envs), result in results.items():
-        serial = result["serial"]
-        for name, values in result["rates"].items():
-            median = result["medians"][name]
-            spread = f"{fmt_rate(min(values))} - {fmt_rate(max(values))}"
-            print(f"| {env_id} N={num_envs} | {name} | {fmt_rate(median)} | {spread} | {median / serial:.2f}x |")
-        print(f"| {env_id} N={num_envs} | serial floor (env + policy) | {fmt_rate(serial)} | | 1.00x |")
+    print(floor_table(cases, env=ENV, policy=POLICY))
+    save("overhead", args, cases, load)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -30,9 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from collect import TorchRollout
+from collect import torch_rollout
 
-from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, write_json
+from _common import fmt_rate, machine_info, main_of, make_policy, markdown_table, quiet_warnings, record
 
 __all__ = ["run", "SYSTEMS", "PAIRS"]
 
@@ -50,14 +49,14 @@ PAIRS = [
 ]
 
 
-def _settle(session: TorchRollout) -> None:
+def _settle(session: Any) -> None:
     """Waits until the batch the collector is prefetching is finished, so that it uses no core while others run."""
     placement = session.collector._placement  # a benchmark may look inside; the library does not offer this
     if session.collector.prefetch > 0:  # after next(), prefetch batches are asked for beyond those delivered
         placement.wait(None)
 
 
-def _timed_turn(session: TorchRollout, batches: int) -> float:
+def _timed_turn(session: Any, batches: int) -> float:
     session.step()  # the batch prefetched before this turn (or, lockstep, one full batch): untimed
     items = 0
     start = time.perf_counter()
@@ -108,7 +107,7 @@ def run(
         "tables": {},
     }
     for n in num_envs:
-        sessions = {name: TorchRollout(n, num_steps, seed, state, **kw) for name, kw in SYSTEMS.items()}
+        sessions = {name: torch_rollout(n, num_steps, seed, state, **kw) for name, kw in SYSTEMS.items()}
         try:
             for session in sessions.values():  # warm-up: first batches, lazy allocations
                 for _ in range(2):
@@ -144,8 +143,7 @@ def run(
             "rows": rows,
         }
     results["machine"]["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-    write_json("placement_ab_quick" if quick else "placement_ab", results)
-    return results
+    return record("placement_ab", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -171,22 +169,16 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "".join(parts).rstrip() + "\n"
 
 
+OPTIONS = (
+    ("--num-envs", {"type": int, "nargs": "+", "default": None, "help": "default: 8 64"}),
+    ("--rounds", {"type": int, "default": None, "help": "default: 40"}),
+    ("--timed-batches", {"type": int, "default": None, "help": "default: 3"}),
+    ("--seed", {"type": int, "default": 0}),
+)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N=8, 3 rounds of one batch: checks that it runs")
-    parser.add_argument("--num-envs", type=int, nargs="+", default=None, help="default: 8 64")
-    parser.add_argument("--rounds", type=int, default=None, help="default: 40")
-    parser.add_argument("--timed-batches", type=int, default=None, help="default: 3")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    results = run(
-        quick=args.quick,
-        num_envs=args.num_envs,
-        rounds=args.rounds,
-        timed_batches=args.timed_batches,
-        seed=args.seed,
-    )
-    print(to_markdown(results))
+    main_of(__doc__, run, to_markdown, *OPTIONS, quick="N=8, 3 rounds of one batch: checks that it runs", repeats=None)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_ROOT, machine_info, markdown_table, quiet_warnings, summarize, write_json
+from _common import REPO_ROOT, machine_info, markdown_table, quiet_warnings, record, summarize
 
 __all__ = ["run", "to_markdown", "HYPERPARAMETERS", "MODES", "SUITES"]
 
@@ -339,13 +339,13 @@ class Suite:
     """One table: its systems (name -> run(total_timesteps, seed)), and what the table says about them."""
 
     title: str
-    reference: str
     steps: tuple[int, int]  # env steps per run: (quick, full)
     repeats: int  # full-run repeats
     runners: dict[str, Callable[[int, int], dict[str, Any]]]
     notes: list[str]
-    hyperparameters: dict[str, Any]
-    with_best_mode: bool  # print the best mode's ratios under the table
+    hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    with_best_mode: bool = False  # print the best mode's ratios under the table
+    reference: str = LOCKSTEP
 
 
 def _has(module: str) -> bool:
@@ -368,12 +368,11 @@ def suite_cleanrl() -> Suite:
     else:
         notes.append("rlox not installed: skipped")
     return Suite(
-        title="End-to-end PPO, CartPole-v1, CleanRL's hyperparameters (8 x 128 steps, 4 epochs)",
-        reference=LOCKSTEP,
-        steps=(2048, 32768),
-        repeats=3,
-        runners=runners,
-        notes=notes,
+        "End-to-end PPO, CartPole-v1, CleanRL's hyperparameters (8 x 128 steps, 4 epochs)",
+        (2048, 32768),
+        3,
+        runners,
+        notes,
         hyperparameters=dict(H),
         with_best_mode=True,
     )
@@ -426,14 +425,11 @@ def suite_halfcheetah() -> Suite:
                 n, HALFCHEETAH_CONFIG, [f"seed={s}", *common, *o]
             )
     return Suite(
-        title="End-to-end PPO, HalfCheetah-v5, configs/ppo_halfcheetah.yaml without obs/reward normalisation",
-        reference=LOCKSTEP,
-        steps=(4096, 12288),
-        repeats=2,
-        runners=runners,
-        notes=notes,
-        hyperparameters={},
-        with_best_mode=False,
+        "End-to-end PPO, HalfCheetah-v5, configs/ppo_halfcheetah.yaml without obs/reward normalisation",
+        (4096, 12288),
+        2,
+        runners,
+        notes,
     )
 
 
@@ -516,8 +512,7 @@ def run(
         results["suites"][key] = run_suite(
             suite, quick=quick, repeats=repeats, total_timesteps=total_timesteps, seed=seed, log=log
         )
-    write_json("ppo_quick" if quick else "ppo", results)
-    return results
+    return record("ppo", results, quick=quick)
 
 
 def best_mode(table: dict[str, Any]) -> str:

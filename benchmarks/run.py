@@ -1,14 +1,15 @@
-"""Runs every benchmark and publishes the tables: docs/performance.md and JSON under benchmarks/results/.
+"""Runs every benchmark and publishes the tables: the docs' performance pages and JSON under benchmarks/results/.
 
 Usage (after ``bash benchmarks/setup.sh``)::
 
-    benchmarks/.venv/bin/python benchmarks/run.py           # full run: rewrites docs/performance.md
+    benchmarks/.venv/bin/python benchmarks/run.py           # full run: rewrites docs/performance*.md
     benchmarks/.venv/bin/python benchmarks/run.py --quick   # a smoke run: results/*_quick.*, docs untouched
 
-A full run writes the whole page: its own tables, then the measurements of the
-single scripts, copied from ``benchmarks/single_scripts.md`` (edit them there,
-not in the page). A partial run (``--only``) or ``--no-docs`` writes
-``results/performance.md`` instead.
+A full run writes docs/performance-full-run.md from its own tables, and the other
+performance pages (the index docs/performance.md and the measurements of single
+scripts) from ``benchmarks/single_scripts.md`` (edit them there, not in docs/),
+each with a list of its sections after its first paragraph. A partial run
+(``--only``) or ``--no-docs`` writes ``results/performance.md`` instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,79 @@ from _common import REPO_ROOT, RESULTS_DIR, machine_info, quiet_warnings, write_
 
 __all__ = ["main", "render"]
 
-PAGE = REPO_ROOT / "docs" / "performance.md"
+DOCS = REPO_ROOT / "docs"
+PAGE = DOCS / "performance-full-run.md"
 SINGLE_SCRIPTS = Path(__file__).with_name("single_scripts.md")
 COMMAND = "bash benchmarks/setup.sh && benchmarks/.venv/bin/python benchmarks/run.py"
+
+
+# The run's sections in page order: the key of its part, its title, its module and the note under its table.
+SECTIONS: list[tuple[str, str, Any, str]] = [
+    (
+        "collect",
+        "Collection",
+        collect,
+        "",
+    ),
+    (
+        "placement",
+        "One worker process against the thread",
+        placement_ab,
+        "One worker process against the thread, measured as paired rounds (`benchmarks/placement_ab.py`): "
+        "the four collectors of the collection tables are built once and kept; each round times each of them "
+        "in a shuffled order, none working while another is timed, and the ratio of a round compares runs "
+        "seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, and the rounds "
+        "in which the process was faster.",
+    ),
+    (
+        "atari",
+        "Atari",
+        atari,
+        "",
+    ),
+    (
+        "gae",
+        "GAE",
+        gae,
+        "rlox and the SB3-style loop take one `done` flag: their inputs fold the truncation bootstrap into the "
+        "reward and are laid out as each API wants (rlox: env-major float64/float32 arrays; TorchRL: [N, T, 1]) "
+        "before the clock starts. `max abs err` is against a float64 reference of the exact formula.",
+    ),
+    (
+        "threads",
+        "Thread settings",
+        threads,
+        "Each setting runs in a fresh process without `OMP_NUM_THREADS`, after the main thread ran five "
+        "forward and backward passes of a 64x64 MLP (so its intra-op thread team exists); processes alternate "
+        "between the settings.",
+    ),
+    (
+        "ppo",
+        "End-to-end PPO",
+        ppo,
+        "`examples/ppo.py` runs in each collector mode: `backend=thread` with `prefetch=0` (lockstep, the "
+        "reference of `vs lockstep`) or `prefetch=1`, and `backend=process` with K = 1 or 2 worker processes "
+        "(prefetch 1). CleanRL's hyperparameters are the same for all in the first table (8 envs x 128 steps, 4 "
+        "epochs, minibatch 256, 64x64 tanh MLPs, Adam 2.5e-4 annealed, clipped value loss); the second runs "
+        "`configs/ppo_cartpole.yaml` as `make run` does (only `total_timesteps` set; `backend=auto`, which "
+        "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
+        "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
+        "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
+        "and reward normalisation in every row (the example keeps `normalize_obs` to the thread). Each run is a "
+        "fresh process; steady state = from the end of the first iteration to the end of the last; `policy lag`: "
+        "the mean over iterations of the example's `charts/policy_lag` (versions between the weights that "
+        "collected a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust "
+        "CartPole, the others gymnasium's.",
+    ),
+    (
+        "truncation",
+        "Advantages at time-limit truncations",
+        truncation,
+        "A chain env that never terminates, truncated by a TimeLimit; the exact advantage of every real "
+        "transition is known from the critic. `reset rows in loss`: NEXT_STEP reset rows (not transitions) "
+        "that the system hands to the loss. Printed, not asserted.",
+    ),
+]
 
 
 def _machine_line(info: dict[str, Any]) -> str:
@@ -58,21 +130,19 @@ def _machine_line(info: dict[str, Any]) -> str:
 
 
 def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: bool, elapsed_s: float) -> str:
-    """The whole of docs/performance.md: the run's tables, then benchmarks/single_scripts.md."""
+    """docs/performance-full-run.md: the run's tables, prose wrapped at 100 columns."""
     command = COMMAND + (" --quick" if quick else "")
     parts = [
-        "# Performance",
+        "# Performance: the full run",
         "",
         "",  # the opening, once the sections are known (below)
         "",
-        "This page is generated by `benchmarks/run.py`: a full run rewrites the whole file, its second part "
-        "copied from `benchmarks/single_scripts.md`. Regenerate it with",
+        "This page is generated by `benchmarks/run.py` from its run's tables (the other "
+        "[performance pages](performance.md) are copied from `benchmarks/single_scripts.md`). Regenerate it with",
         "",
         "```bash",
         command,
         "```",
-        "",
-        "## The full run",
         "",
         _machine_line(info) + f" The whole run took {elapsed_s / 60:.1f} min.",
         "",
@@ -94,103 +164,81 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
     ]
     if quick:
         parts += ["_Quick mode: one short repeat per system; these numbers only show that everything runs._", ""]
-    if "collect" in results:
-        parts += ["### Collection", "", collect.to_markdown(results["collect"]), ""]
-    if "placement" in results:
-        parts += [
-            "### One worker process against the thread",
-            "",
-            placement_ab.to_markdown(results["placement"]),
-            "One worker process against the thread, measured as paired rounds (`benchmarks/placement_ab.py`): "
-            "the four collectors of the collection tables are built once and kept; each round times each of them "
-            "in a shuffled order, none working while another is timed, and the ratio of a round compares runs "
-            "seconds apart. Medians of the round ratios, a bootstrap 95% interval of that median, and the rounds "
-            "in which the process was faster.",
-            "",
-        ]
-    if "atari" in results:
-        parts += ["### Atari", "", atari.to_markdown(results["atari"]), ""]
-    if "gae" in results:
-        parts += [
-            "### GAE",
-            "",
-            gae.to_markdown(results["gae"]),
-            "rlox and the SB3-style loop take one `done` flag: their inputs fold the truncation bootstrap into the "
-            "reward and are laid out as each API wants (rlox: env-major float64/float32 arrays; TorchRL: [N, T, 1]) "
-            "before the clock starts. `max abs err` is against a float64 reference of the exact formula.",
-            "",
-        ]
-    if "threads" in results:
-        parts += [
-            "### Thread settings",
-            "",
-            threads.to_markdown(results["threads"]),
-            "Each setting runs in a fresh process without `OMP_NUM_THREADS`, after the main thread ran five "
-            "forward and backward passes of a 64x64 MLP (so its intra-op thread team exists); processes alternate "
-            "between the settings.",
-            "",
-        ]
-    if "ppo" in results:
-        parts += [
-            "### End-to-end PPO",
-            "",
-            ppo.to_markdown(results["ppo"]),
-            "`examples/ppo.py` runs in each collector mode: `backend=thread` with `prefetch=0` (lockstep, the "
-            "reference of `vs lockstep`) or `prefetch=1`, and `backend=process` with K = 1 or 2 worker processes "
-            "(prefetch 1). CleanRL's hyperparameters are the same for all in the first table (8 envs x 128 steps, 4 "
-            "epochs, minibatch 256, 64x64 tanh MLPs, Adam 2.5e-4 annealed, clipped value loss); the second runs "
-            "`configs/ppo_cartpole.yaml` as `make run` does (only `total_timesteps` set; `backend=auto`, which "
-            "picks one worker process for this CPU agent) beside the same config in the other modes, and SB3 with "
-            "that config's hyperparameters (8 x 125 steps, 10 epochs, batch size 250, Adam 1e-3 annealed, no "
-            "entropy bonus, no value clipping). HalfCheetah runs `configs/ppo_halfcheetah.yaml` without observation "
-            "and reward normalisation in every row (the example keeps `normalize_obs` to the thread). Each run is a "
-            "fresh process; steady state = from the end of the first iteration to the end of the last; `policy lag`: "
-            "the mean over iterations of the example's `charts/policy_lag` (versions between the weights that "
-            "collected a batch and those it trains; 0 by construction for SB3 and rlox). rlox steps its own Rust "
-            "CartPole, the others gymnasium's.",
-            "",
-        ]
-    if "truncation" in results:
-        parts += [
-            "### Advantages at time-limit truncations",
-            "",
-            truncation.to_markdown(results["truncation"]),
-            "A chain env that never terminates, truncated by a TimeLimit; the exact advantage of every real "
-            "transition is known from the critic. `reset rows in loss`: NEXT_STEP reset rows (not transitions) "
-            "that the system hands to the loss. Printed, not asserted.",
-            "",
-        ]
+    for key, title, module, note in SECTIONS:
+        if key in results:
+            parts += [f"## {title}", "", module.to_markdown(results[key])] + ([note, ""] if note else [""])
     parts += ["Raw numbers: `benchmarks/results/*.json`.", ""]
-    parts[2] = _opening([part[4:] for part in parts if part.startswith("### ")], single_scripts=SINGLE_SCRIPTS.exists())
-    if SINGLE_SCRIPTS.exists():
-        parts.append(SINGLE_SCRIPTS.read_text())
-    return "\n".join(parts).rstrip() + "\n"
+    parts[2] = (
+        "One full run of the benchmark suite on one machine: collection, GAE and end-to-end PPO side by side with "
+        "TorchRL, Stable-Baselines3, rlox and a CleanRL-style loop on the same envs, policy and seeds, beside the "
+        "floors that bound any collector, and how exact each system's advantages are at time-limit truncations. "
+        + _contents("\n".join(parts))
+    )
+    return wrap("\n".join(parts))
 
 
-def _opening(sections: list[str], *, single_scripts: bool) -> str:
-    """The page's first paragraph: what it measures, with links to the full run's ``sections`` and the rest."""
-    # GitHub's anchors: lower case, punctuation dropped, spaces to hyphens
-    anchors = [re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in sections]
-    links = ", ".join(f"[{title}](#{anchor})" for title, anchor in zip(sections, anchors))
-    links = f" ({links})" if links else ""
-    rest = (
-        ", then [measurements of single scripts](#measured-with-single-scripts), each with its own machine, command "
-        "and date"
-        if single_scripts
-        else ""
-    )
-    return (
-        "How fast torch_rollout collects, computes GAE and trains, measured side by side with TorchRL, "
-        "Stable-Baselines3, rlox and a CleanRL-style loop on the same envs, policy and seeds, beside the floors "
-        "that bound any collector (the env and the policy each alone), and how exact each system's advantages "
-        f"are at time-limit truncations: [one full run](#the-full-run) of the benchmark suite on one machine"
-        f"{links}{rest}."
-    )
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def _sections(page: str) -> list[str]:
+    return [line[3:] for line in page.splitlines() if line.startswith("## ")]
+
+
+def _contents(page: str) -> str:
+    """A line of links to the page's sections."""
+    return "Sections: " + ", ".join(f"[{title}](#{_anchor(title)})" for title in _sections(page)) + "."
+
+
+def wrap(page: str, width: int = 100) -> str:
+    """The page with its long prose lines wrapped at ``width`` columns; tables, code, headings kept as they are."""
+    out: list[str] = []
+    fenced = False
+    for line in page.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or len(line) <= width or line.startswith(("|", "#", "<!--", "!", "**")):
+            out.append(line)
+        else:
+            indent = " " * len(re.match(r"\s*(?:- )?", line).group(0))  # type: ignore[union-attr]
+            out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _split_head(text: str) -> tuple[str, str, str]:
+    """A page's title, its first paragraph and the rest."""
+    head, _, rest = text.partition("\n\n")
+    first, _, rest = rest.partition("\n\n")
+    return head, first, rest
+
+
+def single_script_pages(full_run: str) -> dict[str, str]:
+    """The pages of ``single_scripts.md`` by file name, each with its sections listed after its first
+    paragraph; the index, ``performance.md``, with a table of every performance page and its sections."""
+    chunks = re.split(r"^<!-- page: (\S+) -->\n", SINGLE_SCRIPTS.read_text(), flags=re.MULTILINE)
+    pages = {name: text.strip() + "\n" for name, text in zip(chunks[1::2], chunks[2::2], strict=True)}
+    table = ["| page | sections |", "|:---|:---|"]
+    for name, text in [(PAGE.name, full_run), *pages.items()]:
+        if name != "performance.md":
+            links = ", ".join(f"[{t}]({name}#{_anchor(t)})" for t in _sections(text))
+            table.append(f"| [{text.splitlines()[0].removeprefix('# Performance: ')}]({name}) | {links} |")
+    for name, text in pages.items():
+        head, first, rest = _split_head(text)
+        contents = "\n".join(table) if name == "performance.md" else _contents(text)
+        pages[name] = wrap(f"{head}\n\n{first}\n\n{contents}\n\n{rest}")
+    return pages
+
+
+def _write_docs(section: str) -> None:
+    PAGE.write_text(section)
+    for name, text in single_script_pages(section).items():
+        (DOCS / name).write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run (~4 min); leaves docs/performance.md alone")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~4 min); leaves the docs alone")
     parser.add_argument(
         "--only",
         nargs="+",
@@ -199,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         help="run only these parts",
     )
     parser.add_argument("--repeats", type=int, default=None, help="override the repeats of every part")
-    parser.add_argument("--no-docs", action="store_true", help="write results/performance.md, not docs/performance.md")
+    parser.add_argument("--no-docs", action="store_true", help="write results/performance.md, not the docs' pages")
     args = parser.parse_args(argv)
     quiet_warnings()
     parts = args.only or ["collect", "placement", "atari", "gae", "truncation", "threads", "ppo"]
@@ -230,7 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     suffix = "_quick" if args.quick else ""
     write_json(f"run{suffix}", {"machine": info, "elapsed_s": elapsed, "parts": parts, "quick": args.quick})
     target = RESULTS_DIR / f"performance{suffix}.md" if args.quick or args.no_docs or args.only else PAGE
-    target.write_text(section)
+    if target == PAGE:
+        _write_docs(section)
+    else:
+        target.write_text(section)
     print(section)
     print(f"wrote {target.relative_to(REPO_ROOT)} ({elapsed:.0f} s)", file=sys.stderr)
 

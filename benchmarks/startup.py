@@ -216,7 +216,7 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
         repeats: processes per setting (default 1 quick, 5 full).
         log: where progress lines go.
     """
-    from _common import machine_info, write_json
+    from _common import machine_info, record
 
     repeats = repeats or (1 if quick else 5)
     samples: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
@@ -252,8 +252,7 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
         "rows": rows,
         "idle_server": idle,
     }
-    write_json("startup_quick" if quick else "startup", results)
-    return results
+    return record("startup", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, run_worker, write_json
+from _common import fmt_rate, machine_info, markdown_table, quiet_warnings, record, run_worker
 
 __all__ = ["run", "to_markdown", "SETTINGS"]
 
@@ -124,8 +124,7 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
         "samples": samples,
         "rows": rows,
     }
-    write_json("threads_quick" if quick else "threads", results)
-    return results
+    return record("threads", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:

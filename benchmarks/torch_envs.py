@@ -28,10 +28,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +37,22 @@ from typing import Any
 
 import torch
 
-from _common import fmt_rate, machine_info, make_policy, markdown_table, quiet_warnings, run_interleaved, write_json
+from _common import (
+    CollectorSession,
+    EnvAlone,
+    PolicyAlone,
+    TorchRLSession,
+    floor_summary,
+    floor_table,
+    fmt_rate,
+    has,
+    machine_info,
+    make_policy,
+    quiet_warnings,
+    run_interleaved,
+    synced,
+    write_json,
+)
 
 T = 16
 SIZES = (256, 1024, 4096, 16384)
@@ -57,43 +70,16 @@ def _cartpole(num_envs: int, **kwargs: Any) -> Any:
     return CartPole(num_envs, device=DEVICE, **kwargs)
 
 
-def _done(frames: int) -> int:
-    """``frames``, once the device has finished the work queued for them (CUDA runs asynchronously)."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
-    return frames
+def env_alone(num_envs: int) -> EnvAlone:
+    envs = _cartpole(num_envs)
+    envs.reset(seed=0)
+    actions = torch.randint(0, 2, (T, num_envs), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    return EnvAlone(envs, list(actions), num_envs=num_envs, device=DEVICE)
 
 
-class EnvAlone:
-    def __init__(self, num_envs: int) -> None:
-        self.envs = _cartpole(num_envs)
-        self.envs.reset(seed=0)
-        self.actions = torch.randint(0, 2, (T, num_envs), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-        self.frames = T * num_envs
-
-    def step(self) -> int:
-        for t in range(T):
-            self.envs.step(self.actions[t])
-        return _done(self.frames)
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-class PolicyAlone:
-    def __init__(self, num_envs: int) -> None:
-        self.policy = make_policy().to(DEVICE)
-        self.obs = torch.randn(T, num_envs, 4, generator=torch.Generator().manual_seed(0)).to(DEVICE)
-        self.frames = T * num_envs
-
-    def step(self) -> int:
-        with torch.no_grad():
-            for t in range(T):
-                self.policy(self.obs[t])
-        return _done(self.frames)
-
-    def close(self) -> None:
-        pass
+def policy_alone(num_envs: int) -> PolicyAlone:
+    obs = torch.randn(T, num_envs, 4, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    return PolicyAlone(make_policy().to(DEVICE), list(obs), num_envs=num_envs, device=DEVICE)
 
 
 class HandLoop:
@@ -139,36 +125,27 @@ class HandLoop:
             self.compute_gae(
                 s["reward"], s["value"], next_value, s["terminated"], s["truncated"], gamma=GAMMA, gae_lambda=GAE_LAMBDA
             )
-        return _done(self.frames)
+        return synced(self.frames, DEVICE)
 
     def close(self) -> None:
         self.envs.close()
 
 
-class Collecting:
-    def __init__(self, num_envs: int, compile_policy: Any = False) -> None:
-        from torch_rollout import GAE, Collector
+def collecting(num_envs: int, compile_policy: Any = False) -> CollectorSession:
+    from torch_rollout import GAE, Collector
 
-        self.collector = Collector(
-            _cartpole(num_envs),
-            make_policy().to(DEVICE),
-            num_steps=T,
-            device=DEVICE,
-            seed=0,
-            backend="thread",
-            prefetch=0,
-            gae=GAE(GAMMA, GAE_LAMBDA),
-            compile_policy=compile_policy,
-        )
-        self.batches = iter(self.collector)
-        self.frames = T * num_envs
-
-    def step(self) -> int:
-        next(self.batches)
-        return _done(self.frames)
-
-    def close(self) -> None:
-        self.collector.close()
+    collector = Collector(
+        _cartpole(num_envs),
+        make_policy().to(DEVICE),
+        num_steps=T,
+        device=DEVICE,
+        seed=0,
+        backend="thread",
+        prefetch=0,
+        gae=GAE(GAMMA, GAE_LAMBDA),
+        compile_policy=compile_policy,
+    )
+    return CollectorSession(collector, frames=T * num_envs, device=DEVICE)
 
 
 def torchrl_env(num_envs: int) -> Any:
@@ -217,52 +194,35 @@ def torchrl_env(num_envs: int) -> Any:
     return TorchRLCartPole()
 
 
-class TorchRL:
+def torchrl(num_envs: int) -> TorchRLSession:
     """TorchRL's ``Collector`` over the adapter, then its ``GAE`` module on each batch."""
+    from tensordict.nn import TensorDictModule
 
-    def __init__(self, num_envs: int) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.objectives.value import GAE
-
-        policy = make_policy()
-        actor = TensorDictModule(
-            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
-        )
-        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
-        frames = T * num_envs
-        self.collector = Collector(torchrl_env(num_envs), actor, frames_per_batch=frames, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
-        self.frames = frames
-
-    def step(self) -> int:
-        batch = next(self.batches)
-        with torch.no_grad():
-            self.gae(batch)
-        return self.frames
-
-    def close(self) -> None:
-        self.collector.shutdown()
+    policy = make_policy()
+    actor = TensorDictModule(
+        policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
+    )
+    critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
+    frames = T * num_envs
+    return TorchRLSession(
+        torchrl_env(num_envs), actor, critic, frames_per_batch=frames, gamma=GAMMA, gae_lambda=GAE_LAMBDA
+    )
 
 
-def run_size(num_envs: int, repeats: int, batches: int) -> dict[str, Any]:
+def run_size(num_envs: int, repeats: int, batches: int) -> dict[str, list[float]]:
     factories = {
-        "env alone": lambda: EnvAlone(num_envs),
-        "policy alone": lambda: PolicyAlone(num_envs),
+        "env alone": lambda: env_alone(num_envs),
+        "policy alone": lambda: policy_alone(num_envs),
         "hand-written loop": lambda: HandLoop(num_envs),
-        "Collector thread, prefetch=0": lambda: Collecting(num_envs),
+        "Collector thread, prefetch=0": lambda: collecting(num_envs),
     }
     if CUDA_GRAPH:
         from torch_rollout import CudaGraph
 
-        factories["Collector thread, prefetch=0, CudaGraph()"] = lambda: Collecting(num_envs, CudaGraph())
-    if importlib.util.find_spec("torchrl") is not None and DEVICE.type == "cpu":
-        factories["TorchRL Collector + GAE"] = lambda: TorchRL(num_envs)
-    rates = run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    serial = 1.0 / (1.0 / medians["env alone"] + 1.0 / medians["policy alone"])
-    return {"rates": rates, "medians": medians, "serial": serial}
+        factories["Collector thread, prefetch=0, CudaGraph()"] = lambda: collecting(num_envs, CudaGraph())
+    if has("torchrl") and DEVICE.type == "cpu":
+        factories["TorchRL Collector + GAE"] = lambda: torchrl(num_envs)
+    return run_interleaved(factories, repeats=repeats, warmup=1, steps=batches, log=lambda _: None)
 
 
 def ppo_steps_per_s(total_timesteps: int, threads: int | None) -> float | None:
@@ -306,29 +266,15 @@ def main() -> None:
         torch.set_num_threads(threads)
         load = os.getloadavg()[0]
         per_size = {str(n): run_size(n, args.repeats, args.batches) for n in args.sizes}
+        summaries = {n: floor_summary(rates, "env alone", "policy alone") for n, rates in per_size.items()}
         ppo = ppo_steps_per_s(args.ppo_steps, threads) if args.ppo_steps else None
-        results[f"threads={threads}"] = {"sizes": per_size, "ppo_steps_per_s": ppo, "load_1m_start": load}
-        rows = []
-        for n, result in per_size.items():
-            hand = result["medians"]["hand-written loop"]
-            for name, median in result["medians"].items():
-                values = result["rates"][name]
-                rows.append(
-                    [
-                        f"N={n}",
-                        name,
-                        fmt_rate(median),
-                        f"{fmt_rate(min(values))} - {fmt_rate(max(values))}",
-                        f"{median / result['serial']:.2f}x",
-                        f"{median / hand:.2f}x",
-                    ]
-                )
-            rows.append([f"N={n}", "serial floor (env + policy)", fmt_rate(result["serial"]), "", "1.00x", ""])
+        results[f"threads={threads}"] = {"sizes": summaries, "ppo_steps_per_s": ppo, "load_1m_start": load}
         print(
             f"\n{threads} torch thread(s); 1-min load {load:.2f} at the start; T={T}, {args.repeats} interleaved "
             f"repeats of {args.batches} batches; frames/s"
         )
-        print(markdown_table(["N", "system", "median", "min - max", "x serial floor", "x hand loop"], rows))
+        cases = {f"N={n}": rates for n, rates in per_size.items()}
+        print(floor_table(cases, env="env alone", policy="policy alone", versus="hand-written loop"))
         if ppo is not None:
             print(f"end-to-end PPO (configs/ppo_cartpole_torch.yaml, {args.ppo_steps} steps): {fmt_rate(ppo)} steps/s")
     torch.set_num_threads(default_threads)

@@ -19,7 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _common import machine_info, make_policy, markdown_table, quiet_warnings, write_json
+from _common import machine_info, main_of, make_policy, markdown_table, quiet_warnings, record
 
 __all__ = ["run", "TimeLimitedChain", "ENV_ID"]
 
@@ -108,12 +107,12 @@ def _truncated_rows(obs: np.ndarray) -> np.ndarray:
     return np.rint(obs[..., 0] * LIMIT).astype(int) == LIMIT - 1
 
 
-def _torch_rollout(session: collect.TorchRollout) -> Extracted:
+def _torch_rollout(session: Any) -> Extracted:
     batch = session.last
     return batch["obs"].numpy(), batch["advantage"].numpy(), batch["mask"].numpy(), ""
 
 
-def _torchrl(session: collect.TorchRL) -> Extracted:
+def _torchrl(session: Any) -> Extracted:
     batch = session.last  # [N, T]
     obs = batch["observation"].transpose(0, 1).numpy()
     adv = batch["advantage"].squeeze(-1).transpose(0, 1).numpy()
@@ -140,30 +139,17 @@ def _rlox(session: collect.Rlox) -> Extracted:
     return obs, adv, np.ones(adv.shape, dtype=bool), note
 
 
-def _cleanrl(session: collect.CleanRLStyle) -> Extracted:
+def _cleanrl(session: Any) -> Extracted:
     # CleanRL trains on every row, the NEXT_STEP reset rows included
     return session.obs.numpy(), session.advantages.numpy(), np.ones(session.advantages.shape, dtype=bool), ""
 
 
-class TorchRLGymEnv(collect.TorchRL):
+def torchrl_gym_env(num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str) -> Any:
     """TorchRL with ``GymEnv(env_id, num_envs=N)``: TorchRL builds the gymnasium vector env itself."""
+    from torchrl.envs import GymEnv
 
-    def __init__(self, num_envs: int, num_steps: int, seed: int, state: dict, *, env_id: str) -> None:
-        from tensordict.nn import TensorDictModule
-        from torchrl.collectors import Collector
-        from torchrl.envs import GymEnv
-        from torchrl.objectives.value import GAE
-
-        policy = collect._policy(state, seed)
-        env = GymEnv(env_id, num_envs=num_envs, categorical_action_encoding=True, device="cpu")
-        env.set_seed(seed)
-        actor = TensorDictModule(
-            policy.get_action_and_logprob, in_keys=["observation"], out_keys=["action", "sample_log_prob"]
-        )
-        critic = TensorDictModule(policy.critic, in_keys=["observation"], out_keys=["state_value"])
-        self.collector = Collector(env, actor, frames_per_batch=num_steps * num_envs, total_frames=-1, device="cpu")
-        self.gae = GAE(gamma=GAMMA, lmbda=GAE_LAMBDA, value_network=critic, average_gae=False)
-        self.batches = iter(self.collector)
+    env = GymEnv(env_id, num_envs=num_envs, categorical_action_encoding=True, device="cpu")
+    return collect.torchrl(num_envs, num_steps, seed, state, env=env)
 
 
 def systems(
@@ -177,25 +163,25 @@ def systems(
     args = (num_envs, num_steps, seed, state)
     mode = gym.vector.AutoresetMode
     out: dict[str, tuple[Callable[[], Any], Callable]] = {
-        "torch_rollout (NEXT_STEP)": (lambda: collect.TorchRollout(*args, prefetch=0, env_id=ENV_ID), _torch_rollout),
+        "torch_rollout (NEXT_STEP)": (lambda: collect.torch_rollout(*args, prefetch=0, env_id=ENV_ID), _torch_rollout),
         "torch_rollout (SAME_STEP)": (
-            lambda: collect.TorchRollout(*args, prefetch=0, env_id=ENV_ID, autoreset_mode=mode.SAME_STEP),
+            lambda: collect.torch_rollout(*args, prefetch=0, env_id=ENV_ID, autoreset_mode=mode.SAME_STEP),
             _torch_rollout,
         ),
         "torch_rollout (DISABLED)": (
-            lambda: collect.TorchRollout(*args, prefetch=0, env_id=ENV_ID, autoreset_mode=mode.DISABLED),
+            lambda: collect.torch_rollout(*args, prefetch=0, env_id=ENV_ID, autoreset_mode=mode.DISABLED),
             _torch_rollout,
         ),
     }
     if importlib.util.find_spec("torchrl") is not None:
-        out["TorchRL GymWrapper(SAME_STEP) + GAE"] = (lambda: collect.TorchRL(*args, env_id=ENV_ID), _torchrl)
+        out["TorchRL GymWrapper(SAME_STEP) + GAE"] = (lambda: collect.torchrl(*args, env_id=ENV_ID), _torchrl)
         if not quick:
-            out["TorchRL GymEnv(num_envs=N) + GAE"] = (lambda: TorchRLGymEnv(*args, env_id=ENV_ID), _torchrl)
+            out["TorchRL GymEnv(num_envs=N) + GAE"] = (lambda: torchrl_gym_env(*args, env_id=ENV_ID), _torchrl)
     if importlib.util.find_spec("stable_baselines3") is not None:
         out["SB3 collect_rollouts"] = (lambda: collect.StableBaselines3(*args, env_id=ENV_ID), _sb3)
     if importlib.util.find_spec("rlox") is not None:
         out["rlox RolloutCollector (gymnasium)"] = (lambda: collect.Rlox(*args, native=False, env_id=ENV_ID), _rlox)
-    out["CleanRL-style loop"] = (lambda: collect.CleanRLStyle(*args, env_id=ENV_ID), _cleanrl)
+    out["CleanRL-style loop"] = (lambda: collect.cleanrl_style(*args, env_id=ENV_ID), _cleanrl)
     return out
 
 
@@ -267,8 +253,7 @@ def run(
         },
         "rows": rows,
     }
-    write_json("truncation_quick" if quick else "truncation", results)
-    return results
+    return record("truncation", results, quick=quick)
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -305,11 +290,18 @@ def to_markdown(results: dict[str, Any]) -> str:
     return f"{title}\n\n{markdown_table(header, rows)}\n"
 
 
+OPTIONS = (("--seed", {"type": int, "default": 0}),)  # the command line beyond --quick and --repeats
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    print(to_markdown(run(seed=args.seed)))
+    main_of(
+        __doc__,
+        run,
+        to_markdown,
+        *OPTIONS,
+        quick="without TorchRL's GymEnv row; writes results/truncation_quick.json",
+        repeats=None,
+    )
 
 
 if __name__ == "__main__":
