@@ -6,16 +6,16 @@
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
-# `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10,
-# with gymnasium's lowest accepted release, and 3.13), each in a venv of its own that tests/pythons.sh builds once,
-# outside the checkout; PYTHONS='3.10' chooses.
+# `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10
+# and 3.13), each in a venv of its own that tests/pythons.sh builds once, outside the checkout; PYTHONS='3.10'
+# chooses.
 # `make bench-sims` times each of them (sims/bench_throughput.py: the env alone, a hand-written loop and the
 # collector's placements), in the same venvs, and writes benchmarks/results/sims_NAME.json; SIMS chooses too.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Pinned so that pip takes a known release; override e.g. TORCH_SPEC='torch>=2.4'.
+# Pinned so that pip takes a known release; override e.g. TORCH_SPEC='torch>=2.13'.
 TORCH_SPEC ?= torch==2.13.0
 # pytest-xdist workers for `make test`, each file in one of them (the Ray tests together, see tests/conftest.py);
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
@@ -30,7 +30,7 @@ FLOAT_TESTS ?= tests/test_shaped_floats.py tests/test_gae.py tests/test_torch_lo
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
 # The Pythons of `make test-pythons`, each VERSION or VERSION:PIN,PIN (pins installed beside the extras)
-PYTHONS ?= 3.10:gymnasium==1.1.1 3.13
+PYTHONS ?= 3.10 3.13
 PYTHONS_ROOT ?= $(HOME)/.cache/torch_rollout/pythons
 
 # The frameworks of sims/requirements/*.txt
