@@ -80,14 +80,21 @@ class EnvCalls:
         >>> class Policy(nn.Module):
         ...     def forward(self, obs):
         ...         return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
-        >>> envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+        >>> def make_env():
+        ...     return gymnasium.wrappers.NormalizeObservation(gymnasium.make("CartPole-v1"))
+        >>> envs = gymnasium.vector.SyncVectorEnv([make_env] * 2)
         >>> with Collector(envs, Policy(), num_steps=4, device="cpu", backend="thread") as collector:
         ...     _ = next(iter(collector))
-        ...     collector.env_calls.get_attr("spec")[1].id
-        ...     collector.env_calls.set_attr("label", ["left", "right"])
-        Traceback (most recent call last):
-        ...
-        AttributeError: Collector.env_calls.set_attr('label'): envs 0..1 (SyncVectorEnv(CartPole-v1, num_envs=2)) ...
+        ...     [rms.mean.shape for rms in collector.env_calls.get_attr("obs_rms")]
+        ...     collector.env_calls.set_attr("update_running_mean", [True, False])
+        ...     collector.env_calls.get_attr("update_running_mean")
+        ...     try:
+        ...         collector.env_calls.get_attr("obs_rsm")
+        ...     except AttributeError as exc:
+        ...         print(str(exc)[:50])
+        [(4,), (4,)]
+        (True, False)
+        Collector.env_calls.get_attr('obs_rsm'): envs 0..1
         >>> envs.close()
     """
 
