@@ -338,11 +338,7 @@ class InlinePlacement(_LocalPlacement):
         try:
             return [run_env_call(self.envs, calls[0])]
         finally:
-            with self._exit_lock:
-                self._busy = False
-                abandoned = self._abandoned
-            if abandoned:
-                self._release()
+            self._let_go()
 
     def wait(self, deadline: float | None) -> bool:
         """Collects the batch requested, unless ``ready`` holds a result already; the deadline is not used."""
@@ -370,11 +366,15 @@ class InlinePlacement(_LocalPlacement):
                 else:
                     self.ready.append((batch, None))
         finally:
-            with self._exit_lock:
-                self._busy = False
-                abandoned = self._abandoned
-            if abandoned:
-                self._release()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Ends a batch or env call in the calling thread; releases the envs where close() came meanwhile."""
+        with self._exit_lock:
+            self._busy = False
+            abandoned = self._abandoned
+        if abandoned:
+            self._release()
 
     def close(self, join_timeout: float) -> str | None:
         """Closes the envs it owns, or leaves that to a batch being collected in another thread; returns None."""
