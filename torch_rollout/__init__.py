@@ -12,6 +12,7 @@ from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Stats, WorkerStats
 from torch_rollout.placements import _forkserver
 from torch_rollout.placements._backends import Processes, Ray, Thread
+from torch_rollout.placements._env_calls import EnvCalls
 from torch_rollout.tuning import tune
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Collector",
     "CudaGraph",
     "DoubleBufferedVectorEnv",
+    "EnvCalls",
     "Processes",
     "Ray",
     "Seed",

@@ -34,6 +34,7 @@ from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
 from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, Placement, resolve_backend
+from torch_rollout.placements._env_calls import EnvCalls
 from torch_rollout.placements._settings import PlacementSettings
 from torch_rollout.util._warnings import warn
 
@@ -374,6 +375,11 @@ class Collector:
             >>> envs.close()
         """
         return self._backend
+
+    @property
+    def env_calls(self) -> EnvCalls:
+        """The envs' ``call``, ``get_attr`` and ``set_attr``, on every placement, between batches: :class:`EnvCalls`."""
+        return EnvCalls(self._placement, num_envs=self.num_envs, num_workers=self.num_workers, timeout=self.timeout)
 
     # -- where the time goes ---------------------------------------------------------------------
 

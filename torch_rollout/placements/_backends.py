@@ -33,6 +33,7 @@ from torch_rollout.placements._settings import PlacementSettings
 
 if TYPE_CHECKING:
     from torch_rollout.loop._spec import CudaGraph
+    from torch_rollout.placements._messages import EnvAnswer, EnvCall
 
 __all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
 
@@ -90,6 +91,11 @@ class Placement(Protocol):
 
     def reseed(self, seed: int | None) -> None:
         """Resets the envs from ``seed`` (env ``j``: ``seed + j``) before the next batch; before the first request."""
+
+    def env_call(self, calls: list[EnvCall], deadline: float | None) -> list[EnvAnswer]:
+        """Applies ``calls[k]`` to loop ``k``'s vector env between batches: after every batch requested so far (they
+        wait in :attr:`ready`), before any later one; the answers in loop order. Raises RuntimeError once closed or
+        failed, TimeoutError when ``deadline`` (monotonic) passes first."""
 
     def close(self, join_timeout: float) -> str | None:
         """Stops collecting and closes the envs it built; None, or where a thread that did not stop is stuck."""

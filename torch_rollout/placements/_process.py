@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that share tensors between processes)
+from gymnasium.vector import VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -44,8 +45,19 @@ from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._rollout import RolloutLoop, Stopped
 from torch_rollout.loop._spec import LoopSpec
 from torch_rollout.loop._weights import named_weights
+from torch_rollout.placements._env_calls import run_env_call
 from torch_rollout.placements._forkserver import TrainerEnvironment, context
-from torch_rollout.placements._messages import COLLECT, SLOTS_MAPPED, STOP, Batch, Ready, Reseed, SlotsMapped, Stop
+from torch_rollout.placements._messages import (
+    COLLECT,
+    SLOTS_MAPPED,
+    STOP,
+    Batch,
+    EnvCall,
+    Ready,
+    Reseed,
+    SlotsMapped,
+    Stop,
+)
 from torch_rollout.placements._remote import (
     RemotePlacement,
     WorkerSetup,
@@ -253,6 +265,12 @@ class ProcessPlacement(RemotePlacement):
                 except OSError:  # a worker that died: wait() reports why
                     pass
 
+    def _send_call(self, k: int, call: EnvCall) -> None:
+        try:
+            self.conns[k].send(call)
+        except OSError:  # a worker that died: the wait for its answer reports why
+            pass
+
     def _assemble(self, indices: list[int]) -> TensorDict:
         parts = []
         for k, i in enumerate(indices):
@@ -402,7 +420,7 @@ def _worker_main(
                     {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
                 )
             )
-            _serve(conn, loop, setup)
+            _serve(conn, loop, setup, envs)
     except (Stopped, EOFError, BrokenPipeError):
         pass
     except BaseException as exc:
@@ -429,8 +447,9 @@ def _set_up_worker_process() -> None:
     _watch_parent()
 
 
-def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: WorkerSetup) -> None:
-    """Answers each :data:`COLLECT` with a batch written into the next slot, until :data:`STOP`."""
+def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup: WorkerSetup, envs: VectorEnv) -> None:
+    """Answers each :data:`COLLECT` with a batch written into the next slot and each :class:`EnvCall` with its
+    answer, in the order they came, until :data:`STOP`."""
     slots: list[TensorDict] = []
     credits: int | None = 0  # requests that arrived while the worker waited for the trainer to map its slots
     produced = 0
@@ -441,6 +460,9 @@ def _serve(conn: multiprocessing.connection.Connection, loop: RolloutLoop, setup
             message = conn.recv()
             if isinstance(message, Reseed):  # before the first request
                 loop.reseed(message.seed)
+                continue
+            if isinstance(message, EnvCall):  # between batches: the trainer waited for those requested before it
+                conn.send(run_env_call(envs, message, ForkingPickler.dumps))
                 continue
             if isinstance(message, Stop):
                 return

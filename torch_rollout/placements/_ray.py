@@ -34,7 +34,8 @@ from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._rollout import Stopped
 from torch_rollout.loop._weights import named_weights
-from torch_rollout.placements._messages import STOP, Batch, Failed, Ready, Stop
+from torch_rollout.placements._env_calls import run_env_call
+from torch_rollout.placements._messages import STOP, Batch, EnvAnswer, EnvCall, Failed, Ready, Stop
 from torch_rollout.placements._remote import (
     RemotePlacement,
     WorkerSetup,
@@ -147,6 +148,7 @@ class RayPlacement(RemotePlacement):
         self.max_restarts = options.pop("max_restarts", 0)  # checked by torch_rollout.Ray
         self.restarts = [0] * num_workers
         self._pending: collections.deque[list[Any]] = collections.deque()  # per requested batch: K result refs
+        self._call_refs: list[Any] = [None] * num_workers  # of the env call's answers, once sent
         self.actors: list[Any] = [None] * num_workers
         self.where: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # node, pid, actor of each worker
         # Weights: version 0 travels inside the set-up payload; later ones as one object per refresh.
@@ -245,9 +247,12 @@ class RayPlacement(RemotePlacement):
             weights, self._sent[k] = self._weights, self._version
         return self.actors[k].collect.remote(self._version, weights)
 
+    def _send_call(self, k: int, call: EnvCall) -> None:
+        self._call_refs[k] = self.actors[k].env_call.remote(call)  # an actor runs its calls in order
+
     def _poll(self, kind: str, pending: list[int], timeout: float) -> None:
-        # The refs of the batch being gathered (a restart replaces a dead worker's).
-        refs = self._ready_refs if kind == "ready" else self._pending[0]
+        # The refs of the batch being gathered (a restart replaces a dead worker's), or of the answers awaited.
+        refs = {"ready": self._ready_refs, "env call": self._call_refs}.get(kind) or self._pending[0]
         waiting = {refs[k]: k for k in pending}
         done, _ = self.ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout, fetch_local=True)
         with sigint_deferred():  # an answer taken must be recorded
@@ -307,7 +312,7 @@ class RayPlacement(RemotePlacement):
         lines = str(exc).strip().splitlines()
         cause = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
         restarts = f" after {self.restarts[k]} restart{'s' * (self.restarts[k] != 1)}" if self.restarts[k] else ""
-        when = "before its envs were built" if kind == "ready" else "while collecting"
+        when = {"ready": "before its envs were built", "env call": "during an env call"}.get(kind, "while collecting")
         error = RuntimeError(
             f"Collector: Ray worker {k} ({self._describe(k)}) died {when}{restarts} ({cause}); the collector is "
             "closed and its other workers are stopped"
@@ -459,6 +464,12 @@ class _RayWorker:
         except BaseException as exc:
             return self._error(exc)
         return Batch(arrays, account=self.loop.account.totals(), autoreset_mode=self.loop.autoreset_mode.value)
+
+    def env_call(self, call: EnvCall) -> EnvAnswer:
+        import ray
+
+        assert self.envs is not None  # built by setup, which ran first
+        return run_env_call(self.envs, call, ray.cloudpickle.dumps)
 
     def _load(self, weights: np.ndarray) -> None:
         if self.flat.device.type == "cpu":

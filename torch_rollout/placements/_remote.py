@@ -33,7 +33,7 @@ from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._rollout import RolloutLoop
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import NO_TOTALS, Totals
-from torch_rollout.placements._messages import Batch, Failed, Ready, Stop
+from torch_rollout.placements._messages import Batch, EnvAnswer, EnvCall, Failed, Ready, Stop
 from torch_rollout.placements._settings import PlacementSettings
 from torch_rollout.util._notes import add_note
 
@@ -76,6 +76,7 @@ class RemotePlacement:
         self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
         self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
         self._failure: BaseException | None = None  # a worker's error or death
+        self._assembled = 0  # batches gathered into ready
         self.closed = False
         # Each worker's Account.totals() as of its last batch (see torch_rollout.loop._stats).
         self._accounts: list[Totals] = [NO_TOTALS] * num_workers
@@ -108,10 +109,12 @@ class RemotePlacement:
 
     # -- the shared bookkeeping ----------------------------------------------------------------
 
-    def _record(self, k: int, message: Ready | Batch | Failed) -> None:
+    def _record(self, k: int, message: Ready | Batch | EnvAnswer | Failed) -> None:
         """Keeps worker ``k``'s message, or makes its error the failure."""
         if isinstance(message, Failed):
             self._failure = self._remote_error(k, message.error, message.traceback)
+        elif isinstance(message, EnvAnswer):
+            self._received[k] = message
         elif not isinstance(message, Stop):  # a worker stopped by close() has nothing to give
             self._received[k] = self._unpack(k, message)
             if isinstance(message, Batch) and message.account is not None:
@@ -168,18 +171,65 @@ class RemotePlacement:
         only while waiting: what was received stays for the next call.
         """
         while not self.ready:
-            gathered = self._failure is None and self._gather("batch", deadline)
-            with sigint_deferred():
-                if self._failure is not None:
-                    self.ready.append((None, self._failure))
-                elif not gathered:
-                    return False
-                else:
-                    batch = self._assemble([self._received[k] for k in range(self.num_workers)])
-                    self._received = {}
-                    self._taken()
-                    self.ready.append((batch, None))
+            if not self._next_batch(deadline):
+                return False
         return True
+
+    def _next_batch(self, deadline: float | None) -> bool:
+        """Gathers the oldest batch not gathered yet into ``ready`` (or the failure); False past ``deadline``."""
+        gathered = self._failure is None and self._gather("batch", deadline)
+        with sigint_deferred():
+            if self._failure is not None:
+                self.ready.append((None, self._failure))
+            elif not gathered:
+                return False
+            else:
+                batch = self._assemble([self._received[k] for k in range(self.num_workers)])
+                self._received = {}
+                self._taken()
+                self._assembled += 1
+                self.ready.append((batch, None))
+        return True
+
+    def env_call(self, calls: list[EnvCall], deadline: float | None) -> list[EnvAnswer]:
+        """Gathers every batch requested so far into ``ready``, then has each worker run its call; their answers.
+
+        The workers serve the call between batches, since none is outstanding. A
+        deadline that passes while waiting for the answers, or Ctrl-C then, leaves
+        the pipes out of step: that becomes the failure that ``next()`` raises.
+        """
+        label = calls[0].label
+        if self.closed:
+            raise RuntimeError(f"{label}: the collector is closed; create a new Collector")
+        while self._failure is None and self._assembled < self.requested:
+            if not self._next_batch(deadline):
+                raise TimeoutError(
+                    f"{label}: the batches requested before it did not arrive within the collector's timeout"
+                )
+        if self._failure is not None:
+            raise RuntimeError(f"{label}: the collection failed; next() raises why") from self._failure
+        with sigint_deferred():
+            for k, call in enumerate(calls):
+                self._send_call(k, call)
+        try:
+            answered = self._gather("env call", deadline)
+        except BaseException:
+            self._failure = RuntimeError(f"{label} was interrupted waiting for the answers; create a new Collector")
+            raise
+        if not answered:
+            if self._failure is None:
+                self._failure = TimeoutError(
+                    f"{label}: no answer within the collector's timeout; the env call is stuck; next() raises this "
+                    "error and closes the collector"
+                )
+            raise self._failure
+        answers = [self._received[k] for k in range(self.num_workers)]
+        self._received = {}
+        return answers
+
+    def _send_call(self, k: int, call: EnvCall) -> None:
+        """Sends ``call`` to worker ``k``, to run after the batches requested before it."""
+        raise NotImplementedError
 
 
 class sigint_deferred:  # noqa: N801  (a context manager used as a function: `with sigint_deferred():`)

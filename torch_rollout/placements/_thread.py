@@ -37,6 +37,8 @@ from torch_rollout.loop._rollout import RolloutLoop, Stopped
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import named_weights
+from torch_rollout.placements._env_calls import run_env_call
+from torch_rollout.placements._messages import EnvAnswer, EnvCall
 from torch_rollout.util._devices import indexed, is_device
 
 __all__ = ["InlinePlacement", "ThreadPlacement"]
@@ -183,6 +185,30 @@ class ThreadPlacement(_LocalPlacement):
         self.requested += 1
         self._credits.put(consumer)
 
+    def env_call(self, calls: list[EnvCall], deadline: float | None) -> list[EnvAnswer]:
+        """Has the loop's thread run the call between its batches: after those requested so far, in their order."""
+        job = _EnvJob(calls[0])
+        if self.stop.is_set():
+            raise RuntimeError(f"{job.call.label}: the collector is closed; create a new Collector")
+        self._credits.put(job)
+        try:
+            while not job.done.wait(0.25):
+                if not self.thread.is_alive():
+                    raise RuntimeError(
+                        f"{job.call.label}: the collector's thread stopped before it ran the call (the collection "
+                        "failed or the collector was closed; next() raises why)"
+                    )
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{job.call.label}: no answer within the collector's timeout: the env call or a batch "
+                        "collected before it is stuck"
+                    )
+        except BaseException:
+            job.cancel()  # not run later, unless it runs already
+            raise
+        assert job.answer is not None  # set before done
+        return [job.answer]
+
     def wait(self, deadline: float | None) -> bool:
         """Waits until ``ready`` holds a result; False when ``deadline`` (monotonic) passes first."""
         while not self.ready:
@@ -215,6 +241,9 @@ class ThreadPlacement(_LocalPlacement):
                     consumer = self._credits.get()
                     if self.stop.is_set():
                         return
+                    if isinstance(consumer, _EnvJob):  # an env call, between two batches
+                        consumer.run(self.envs)
+                        continue
                     batch = self.loop.collect()
                     if consumer is not None:
                         assert self.stream is not None  # a consumer's stream is taken only with a stream of the loop's
@@ -294,6 +323,23 @@ class InlinePlacement(_LocalPlacement):
     def request(self) -> None:
         self.requested += 1
 
+    def env_call(self, calls: list[EnvCall], deadline: float | None) -> list[EnvAnswer]:
+        """Runs the call in the calling thread; refused while another thread collects a batch inside ``next()``."""
+        label = calls[0].label
+        with self._exit_lock:
+            if self.stop.is_set():
+                raise RuntimeError(f"{label}: the collector is closed; create a new Collector")
+            if self._busy:
+                raise RuntimeError(
+                    f"{label}: another thread is collecting a batch inside next() (prefetch=0 collects in the "
+                    "calling thread); make env calls between batches, from the thread that iterates"
+                )
+            self._busy = True
+        try:
+            return [run_env_call(self.envs, calls[0])]
+        finally:
+            self._let_go()
+
     def wait(self, deadline: float | None) -> bool:
         """Collects the batch requested, unless ``ready`` holds a result already; the deadline is not used."""
         if not self.ready:
@@ -320,11 +366,15 @@ class InlinePlacement(_LocalPlacement):
                 else:
                     self.ready.append((batch, None))
         finally:
-            with self._exit_lock:
-                self._busy = False
-                abandoned = self._abandoned
-            if abandoned:
-                self._release()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Ends a batch or env call in the calling thread; releases the envs where close() came meanwhile."""
+        with self._exit_lock:
+            self._busy = False
+            abandoned = self._abandoned
+        if abandoned:
+            self._release()
 
     def close(self, join_timeout: float) -> str | None:
         """Closes the envs it owns, or leaves that to a batch being collected in another thread; returns None."""
@@ -335,6 +385,30 @@ class InlinePlacement(_LocalPlacement):
         if not busy:
             self._release()
         return None
+
+
+class _EnvJob:
+    """An env call queued among the batch requests of :class:`ThreadPlacement`: run by its thread, in order."""
+
+    def __init__(self, call: EnvCall) -> None:
+        self.call = call
+        self.answer: EnvAnswer | None = None
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._state = "queued"  # then "running" or "cancelled"
+
+    def run(self, envs: VectorEnv) -> None:
+        with self._lock:
+            if self._state == "cancelled":  # its caller gave up waiting (a timeout, Ctrl-C)
+                return
+            self._state = "running"
+        self.answer = run_env_call(envs, self.call)
+        self.done.set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._state == "queued":
+                self._state = "cancelled"
 
 
 _CLOSED = "Collector: closed from another thread while a batch was collected; create a new Collector"
