@@ -14,6 +14,7 @@ from torch_rollout import Collector
 from counting_env import CountingEnv, CountingPolicy, make_counting_envs
 from env_call_envs import make_flagged_envs, make_one_answer_envs
 from placements import PLACEMENTS, envs_for, num_loops
+from reliability_envs import ConstantPolicy
 
 N, T, BATCHES = 5, 6, 4  # 5 envs: two workers step 3 and 2
 
@@ -126,3 +127,10 @@ def test_set_attr_with_a_value_per_env_needs_one_per_env_and_a_closed_collector_
         collector.env_calls.get_attr("env_id")
     collector.envs.close()
     assert num_loops(placement) == 1
+
+
+@pytest.mark.parametrize("name", ["step", "reset", "close"])
+def test_the_loops_own_calls_are_refused(name):
+    with Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=2, device="cpu", backend="thread") as c:
+        with pytest.raises(ValueError, match=re.escape(f"Collector.env_calls.call({name!r}): the collector's loop")):
+            c.env_calls.call(name)

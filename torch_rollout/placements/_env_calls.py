@@ -30,6 +30,10 @@ __all__ = ["EnvCalls", "run_env_call"]
 _PER_ENV = (SyncVectorEnv, AsyncVectorEnv)
 
 
+# What only the collection loop calls on its envs
+_LOOP_CALLS = frozenset({"step", "reset", "close"})
+
+
 class EnvCalls:
     """The envs' own methods and attributes, wherever they step: gymnasium's ``VectorEnv.call``, ``get_attr`` and
     ``set_attr`` on the thread, in worker processes and in Ray actors alike.
@@ -109,7 +113,16 @@ class EnvCalls:
 
         Returns:
             The results, one per env in global env order.
+
+        Raises:
+            ValueError: for ``step``, ``reset`` and ``close``, which the collector's loop alone calls.
         """
+        if name in _LOOP_CALLS:
+            raise ValueError(
+                f"Collector.env_calls.call({name!r}): the collector's loop steps, resets and closes its envs; a "
+                f"{name}() from here would put them out of step with it. Call another method of the envs, or use "
+                "a collector's own reset (a new Collector, or load_state_dict) and close()"
+            )
         return self._values(EnvCall(method="call", name=name, args=args, kwargs=kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
