@@ -28,6 +28,7 @@ from torch_rollout import (
     Collector,
     CudaGraph,
     DoubleBufferedVectorEnv,
+    EnvCalls,
     Processes,
     Ray,
     Seed,
@@ -155,11 +156,15 @@ def reading_a_collector(collector: Collector) -> None:
     state: dict[str, Any] = collector.state_dict()
     collector.load_state_dict(state)
     envs: VectorEnv | None = collector.envs
+    calls: EnvCalls = collector.env_calls
+    obs_rms: tuple[Any, ...] = calls.get_attr("obs_rms")
+    calls.set_attr("update_running_mean", False)
+    sizes: tuple[Any, ...] = calls.call("get_wrapper_attr", "spec")
     closed: bool = collector.closed
     device: torch.device = collector.device
     gae: GAE | None = collector.gae
     collector.close()
-    del obs, action, reward, done, both, batches_per_run, version, envs, closed, device, gae
+    del obs, action, reward, done, both, batches_per_run, version, envs, calls, obs_rms, sizes, closed, device, gae
 
 
 def the_vector_envs() -> None:
