@@ -150,22 +150,7 @@ class TorchEnvs:
         ep_return = self.ep_return + reward
         self.ep_return = ep_return.masked_fill(done, 0.0)
         self.ep_length = ep_length.masked_fill(done, 0)
-        final = own = None
-        if mode != AutoresetMode.NEXT_STEP:
-            if mode == AutoresetMode.SAME_STEP:
-                own = self._own_final(info, done)
-                ended = done if own is None else done & ~own
-                if self.keep_final or self.check_finite:
-                    final = self._final_obs(next_obs, info, ended)
-                    if self.check_finite and final is not None:
-                        self._check_finite(final, "envs.step() in its final observations", where=ended)
-            else:
-                final = next_obs  # DISABLED: what the step returned, before the reset
-                self.call = "envs.reset(options={'reset_mask': ...})"
-                next_obs, _ = self.envs.reset(options={"reset_mask": done})
-                next_obs = self._check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
-            if not self.keep_final:
-                final = own = None
+        next_obs, final, own = self._finals(mode, next_obs, info, done)
         return StepRecord(
             obs=next_obs,
             reward=reward,
@@ -180,6 +165,28 @@ class TorchEnvs:
             own_final=own,
             info=info,
         )
+
+    def _finals(self, mode: AutoresetMode, next_obs: Any, info: dict, done: Tensor) -> tuple[Any, Any, Any]:
+        """``(next_obs, final, own)`` of a step: the observations to act on next, the final ones of the episodes
+        that ended (where they are kept) and the envs whose final observation is the one they acted on."""
+        if mode == AutoresetMode.NEXT_STEP:
+            return next_obs, None, None
+        final = own = None
+        if mode == AutoresetMode.SAME_STEP:
+            own = self._own_final(info, done)
+            ended = done if own is None else done & ~own
+            if self.keep_final or self.check_finite:
+                final = self._final_obs(next_obs, info, ended)
+                if self.check_finite and final is not None:
+                    self._check_finite(final, "envs.step() in its final observations", where=ended)
+        else:
+            final = next_obs  # DISABLED: what the step returned, before the reset
+            self.call = "envs.reset(options={'reset_mask': ...})"
+            next_obs, _ = self.envs.reset(options={"reset_mask": done})
+            next_obs = self._check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
+        if not self.keep_final:
+            final = own = None
+        return next_obs, final, own
 
     def info_recorder(self, specs: Mapping[str, Any], env_offset: int) -> TensorInfoRecorder:
         """Records the named infos of each step as tensors on the storage device."""

@@ -41,8 +41,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from torch_rollout.envs._seam import AutoresetMode, EnvDriver, StepRecord
-from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor, where_rows
+from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
+from torch_rollout.loop._bootstrap import write_next, write_next_values
 from torch_rollout.loop._recurrent import RecurrentState
 from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
@@ -402,30 +403,17 @@ class RolloutLoop:
                 finals = head.gather_finals(self.device)
         own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
         if self.next_obs_key is not None:
-            next_obs = head.entry(batch, self.next_obs_key)
-            obs = head.entry(batch, self.obs_key)
+            next_obs, obs = head.entry(batch, self.next_obs_key), head.entry(batch, self.obs_key)
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
-            _fill_next(next_obs, obs, last, finals, dense)
-            if own is not None:
-                next_obs.copy_(where_rows(own.to(next_obs.device), obs, next_obs))
+            write_next(next_obs, obs, last, finals, dense, own)
         key = self.outputs.value_key
         if key is not None:  # the policy returns values
-            value = head.entry(batch, key)
             began = perf_counter()
-            if ahead is not None:
-                assert ahead.outputs is not None  # rows acted on: their outputs stored
-                last = ahead.outputs[key][0]
-            else:
-                last = self._last_value()
-            next_value = head.entry(batch, "next_value")
-            _fill_next(next_value, value, last, None, None)
-            if finals is not None:  # the value of each final observation, not of the reset one after it
-                self.acting.write_final_values(next_value, finals, self.num_envs)
-            elif dense is not None:
-                self.acting.write_dense_final_values(next_value, dense)
+            assert ahead is None or ahead.outputs is not None  # rows acted on: their outputs stored
+            last = self._last_value() if ahead is None else ahead.outputs[key][0]  # type: ignore[index]
+            next_value, value = head.entry(batch, "next_value"), head.entry(batch, key)
+            write_next_values(self.acting, next_value, value, last, finals, dense, own, self.num_envs)
             self.account.policy += perf_counter() - began
-            if own is not None:
-                next_value.copy_(where_rows(own.to(next_value.device), value, next_value))
         return batch
 
     def _waiting_obs(self, device: torch.device) -> Obs:
@@ -464,22 +452,6 @@ class RolloutLoop:
     def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
         where = None if t is None else ((self.batches - 1) * self.num_steps + t, t, self.batches - 1)
         raise _non_finite_error(name, env + self.env_offset, value, call, where)
-
-
-def _fill_next(
-    rows: Obs, of: Obs, last: Obs, finals: tuple[Tensor, Tensor, Obs, Any] | None, dense: tuple[Tensor, Obs, Any] | None
-) -> None:
-    """Writes each row's next entry: the next row's ``of``, ``last`` after the last row; a final one where given."""
-    device = rows.device
-    if len(rows) > 1:
-        rows[:-1].copy_(of[1:])
-    rows[-1].copy_(last)  # from its device (an upload or a readback blocks, as .to() would)
-    if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
-        ts, envs, obs, _ = finals
-        rows[ts.to(device), envs.to(device)] = obs.to(device)
-    elif dense is not None:
-        mask, obs, _ = dense
-        rows.copy_(where_rows(mask.to(device), obs.to(device), rows))
 
 
 def _places(ids: np.ndarray, offset: np.ndarray, T: int, N: int) -> list[tuple[int, np.ndarray | None, np.ndarray]]:

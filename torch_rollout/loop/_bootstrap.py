@@ -1,0 +1,59 @@
+"""A batch's bootstraps: each row's next observation and ``next_value``, from the next row, the batch after it or
+the episode's final observation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from torch_rollout.envs._spaces import Obs, where_rows
+from torch_rollout.loop._acting import Acting
+
+__all__ = ["write_next", "write_next_values"]
+
+# A gathered batch's final observations (rows, envs, observations, states) and a dense one's (mask, observations,
+# states), as the rows give them
+Finals = tuple[Tensor, Tensor, Obs, Any] | None
+Dense = tuple[Tensor, Obs, Any] | None
+
+
+def write_next(rows: Obs, of: Obs, last: Obs, finals: Finals, dense: Dense, own: Tensor | None = None) -> None:
+    """Writes each row's next entry: the next row's ``of``, ``last`` after the last row; a final one where given.
+
+    ``own``: the rows whose episode ended on their own observation (an approximated bootstrap), which take
+    ``of`` itself.
+    """
+    device = rows.device
+    if len(rows) > 1:
+        rows[:-1].copy_(of[1:])
+    rows[-1].copy_(last)  # from its device (an upload or a readback blocks, as .to() would)
+    if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
+        ts, envs, obs, _ = finals
+        rows[ts.to(device), envs.to(device)] = obs.to(device)
+    elif dense is not None:
+        mask, obs, _ = dense
+        rows.copy_(where_rows(mask.to(device), obs.to(device), rows))
+    if own is not None:
+        rows.copy_(where_rows(own.to(device), of, rows))
+
+
+def write_next_values(
+    acting: Acting,
+    next_value: Tensor,
+    value: Tensor,
+    last: Tensor,
+    finals: Finals,
+    dense: Dense,
+    own: Tensor | None,
+    num_envs: int,
+) -> None:
+    """``next_value``: the next row's value, ``last`` after the last row, and a value call on each final observation
+    (not on the reset one after it); ``own`` rows bootstrap from their own value."""
+    write_next(next_value, value, last, None, None)
+    if finals is not None:
+        acting.write_final_values(next_value, finals, num_envs)
+    elif dense is not None:
+        acting.write_dense_final_values(next_value, dense)
+    if own is not None:
+        next_value.copy_(where_rows(own.to(next_value.device), value, next_value))
