@@ -33,8 +33,9 @@ from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
 from torch_rollout.loop._weights import WeightPairs
-from torch_rollout.placements._backends import Backend, Placement, resolve_backend
+from torch_rollout.placements._backends import Backend, resolve_backend
 from torch_rollout.placements._env_calls import EnvCalls
+from torch_rollout.placements._protocol import Placement
 from torch_rollout.placements._settings import PlacementSettings
 from torch_rollout.util._warnings import warn
 

@@ -1,10 +1,10 @@
-"""Placements: where the collection loop runs. The interface every placement speaks, and the user's choice of one.
+"""Placements: where the collection loop runs. The user's choice of one, and how it is built.
 
 A *placement* runs the one collection loop (``torch_rollout.loop._rollout``) somewhere
 and moves batches and weights between it and the trainer: the background
 thread (``_thread.py``), worker processes with shared memory (``_process.py``),
 Ray actors (``_ray.py``). The Collector talks to a placement only through
-:class:`Placement`; the user chooses one with ``backend=``: a name, or one of the
+the protocol :class:`~torch_rollout.placements._protocol.Placement`; the user chooses one with ``backend=``: a name, or one of the
 :class:`Backend` objects :class:`Thread`, :class:`Processes` and :class:`Ray`,
 which check their arguments and build their placement. Adding a placement is
 one module and one :class:`Backend` here.
@@ -12,93 +12,29 @@ one module and one :class:`Backend` here.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
-from tensordict import TensorDict
-from torch import Tensor, nn
+from gymnasium.vector import VectorEnv
+from torch import nn
 
 from torch_rollout.envs._gym import EnvRecipe, build_envs, check_picklable
 from torch_rollout.loop._arguments import check_int
 from torch_rollout.loop._spec import LoopSpec
-from torch_rollout.loop._stats import Totals
 from torch_rollout.loop._weights import acting_copy, check_policy_device
+from torch_rollout.placements._protocol import Placement
 from torch_rollout.placements._script import import_problem, main_globals, main_problem, unguarded_call
 from torch_rollout.placements._settings import PlacementSettings
 
 if TYPE_CHECKING:
     from torch_rollout.loop._spec import CudaGraph
-    from torch_rollout.placements._messages import EnvAnswer, EnvCall
 
 __all__ = ["Backend", "Placement", "Processes", "Ray", "Thread", "resolve_backend"]
 
 _NAMES = ("auto", "thread", "process", "ray")
-
-
-class Placement(Protocol):
-    """A running placement of the collection loop, as the Collector uses it."""
-
-    requested: int
-    """Batches requested so far: :meth:`request` counts them together with the request."""
-    ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
-    """Results that :meth:`wait` received, oldest first: ``(batch, None)`` or ``(None, error)``; the consumer
-    takes them without a call."""
-
-    @property
-    def autoreset_mode(self) -> AutoresetMode:
-        """The envs' autoreset mode (the workers' envs' where they build them), as read now."""
-
-    @property
-    def envs(self) -> VectorEnv | None:
-        """The live vector env when it steps in this process, else None."""
-
-    @property
-    def weights(self) -> dict[str, Tensor] | None:
-        """The acting copy's tensors by name, which :meth:`refresh` writes; None when acting with the trainer's
-        module itself, or once closed."""
-
-    @property
-    def extra_starts(self) -> int:
-        """Later parts of the seed stream that it reset envs from by itself (a restarted Ray worker's new envs, from
-        ``seed + r * seed_step`` at its ``r``-th restart): the Collector's ``state_dict`` counts them as starts."""
-
-    @property
-    def version(self) -> int:
-        """Weight refreshes so far (the version of the weights that act now)."""
-
-    def start(self) -> None:
-        """Begins serving requests; called last in the Collector's construction (after this, only reseeds)."""
-
-    def accounts(self) -> list[Totals]:
-        """Each loop's :meth:`torch_rollout.loop._stats.Account.totals`, in worker order (one for the thread)."""
-
-    def request(self) -> None:
-        """Asks for one more batch; never blocks."""
-
-    def wait(self, deadline: float | None) -> bool:
-        """Waits until :attr:`ready` holds a result; False when ``deadline`` (``time.monotonic()``) passes first."""
-
-    def refresh(self, dst: list[Tensor], src: list[Tensor]) -> None:
-        """Copies ``src`` into the acting copy's ``dst`` and counts a new version, with no forward pass running."""
-
-    def set_version(self, version: int) -> None:
-        """Counts versions on from ``version`` (a resumed collector's), before the first request."""
-
-    def reseed(self, seed: int | None) -> None:
-        """Resets the envs from ``seed`` (env ``j``: ``seed + j``) before the next batch; before the first request."""
-
-    def env_call(self, calls: list[EnvCall], deadline: float | None) -> list[EnvAnswer]:
-        """Applies ``calls[k]`` to loop ``k``'s vector env between batches: after every batch requested so far (they
-        wait in :attr:`ready`), before any later one; the answers in loop order. Raises RuntimeError once closed or
-        failed, TimeoutError when ``deadline`` (monotonic) passes first."""
-
-    def close(self, join_timeout: float) -> str | None:
-        """Stops collecting and closes the envs it built; None, or where a thread that did not stop is stuck."""
 
 
 class Backend:

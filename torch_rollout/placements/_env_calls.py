@@ -21,7 +21,7 @@ from torch_rollout.placements._remote import error_message
 from torch_rollout.util._notes import add_note
 
 if TYPE_CHECKING:
-    from torch_rollout.placements._backends import Placement
+    from torch_rollout.placements._protocol import Placement
 
 __all__ = ["EnvCalls", "run_env_call"]
 
