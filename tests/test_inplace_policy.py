@@ -153,3 +153,19 @@ def test_processes_report_it_from_the_worker():
     with pytest.raises(ValueError, match="wrote its input 'obs' in place") as e:
         collect("CartPole-v1", Clamping(), {"backend": Processes(1)})
     assert "worker" in "".join(getattr(e.value, "__notes__", [])) + str(e.value.__cause__)
+
+
+def test_an_envs_inference_tensors_reach_the_policy_and_a_write_there_is_torchs_own_error():
+    """Isaac Lab steps under torch.inference_mode(): its observations have no version counter to read."""
+    from torch_rollout.loop._acting import PolicyCall, call_policy
+
+    with torch.inference_mode():
+        obs = torch.zeros(2, 4)
+
+    class Reading(nn.Module):
+        def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"action": torch.zeros(obs.shape[0], dtype=torch.long), "value": obs.sum(-1)}
+
+    assert call_policy(Reading(), PolicyCall(obs))["value"].shape == (2,)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        call_policy(Clamping(), PolicyCall(obs))

@@ -116,7 +116,11 @@ def _call(
 
 
 def _inputs(call: PolicyCall, obs_key: str) -> list[tuple[str, Tensor]]:
-    """The tensors a call hands the policy, by their batch keys: they share memory with the batch's rows."""
+    """The tensors a call hands the policy, by their batch keys: they share memory with the batch's rows.
+
+    Inference tensors (an env's own, made under ``torch.inference_mode()``, as Isaac Lab's are) have no version
+    counter and are left out: outside inference mode torch itself refuses to write them in place.
+    """
     found: list[tuple[str, Tensor]] = []
     parts: list[tuple[str, Any]] = [(obs_key, call.obs)]
     if call.state is not None:
@@ -128,7 +132,7 @@ def _inputs(call: PolicyCall, obs_key: str) -> list[tuple[str, Tensor]]:
             for name, leaf in value.items(include_nested=True, leaves_only=True):
                 name = ".".join(name) if isinstance(name, tuple) else name
                 found.append((f"{key}.{name}" if key else name, leaf))
-    return found
+    return [(key, tensor) for key, tensor in found if not tensor.is_inference()]
 
 
 def _refuse_written_inputs(

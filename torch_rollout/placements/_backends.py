@@ -4,9 +4,10 @@ A *placement* runs the one collection loop (``torch_rollout.loop._rollout``) som
 and moves batches and weights between it and the trainer: the background
 thread (``_thread.py``), worker processes with shared memory (``_process.py``),
 Ray actors (``_ray.py``). The Collector talks to a placement only through
-the protocol :class:`~torch_rollout.placements._protocol.Placement`; the user chooses one with ``backend=``: a name, or one of the
-:class:`Backend` objects :class:`Thread`, :class:`Processes` and :class:`Ray`,
-which check their arguments and build their placement. Adding a placement is
+the protocol :class:`~torch_rollout.placements._protocol.Placement`; the user
+chooses one with ``backend=``: a name, or one of the :class:`Backend` objects
+:class:`Thread`, :class:`Processes` and :class:`Ray`, which check their arguments
+and build their placement. Adding a placement is
 one module and one :class:`Backend` here.
 """
 
