@@ -272,3 +272,32 @@ def test_the_verdict_leaves_out_a_placement_measured_slower():
     assert "Processes(num_workers=1)" in gil.verdict()
     assert "Processes(" not in gil.verdict(slower=["Processes(num_workers=1)"])
     assert "Processes(" not in gil.describe(slower=["Processes(num_workers=1)"])
+
+
+def test_the_verdict_on_accounts_with_nothing_to_judge_or_no_lever():
+    none_yet = Stats(
+        seconds=0.0, frames=0, batches=0, env=0.0, policy=0.0, collector=0.0, idle=0.0, wait=0.0, workers=(),
+        setting=_setting(),
+    )  # fmt: skip
+    assert none_yet.verdict() == "no batch delivered yet: nothing to judge"
+    assert none_yet.shares() == dict.fromkeys(("env", "policy", "collector", "idle"), 0.0)
+    idle = _stats(_setting(), env=0.0, policy=0.0, collector=0.0, idle=1.0)
+    assert idle.verdict() == "the trainer waited 90% of the time, with no collection accounted"
+    # the collector's own work bounds a run with none of its costly settings, on workers already at the cores
+    at_the_cores = _setting(backend="process", num_workers=2, cores=2)
+    verdict = _stats(at_the_cores, env=1.0, policy=1.0, collector=8.0).verdict()
+    assert "none of the collector's settings is to blame" in verdict
+    # Ray's lever names Ray, and a GPU simulator in lockstep is pointed to prefetch=1
+    assert (
+        "more Ray actors: backend=torch_rollout.Ray(num_workers=4)"
+        in _stats(_setting(backend="ray", cores=4)).verdict()
+    )
+    gpu_lockstep = _setting(live_envs=True, device="cuda", cores=1)
+    assert "prefetch=1, to step a GPU simulator beside training" in _stats(gpu_lockstep).verdict()
+
+
+def test_stats_of_another_collector_cannot_be_subtracted():
+    later, other = _stats(_setting(), seconds=10.0), _stats(_setting(num_envs=4), seconds=5.0)
+    with pytest.raises(ValueError, match="of another collector's settings"):
+        later - other
+    assert later.__sub__(object()) is NotImplemented
