@@ -254,6 +254,30 @@ def test_seeded_lockstep_runs_are_identical():
     assert first["done"].any()
 
 
+@pytest.mark.parametrize("autoreset_mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_the_policy_acts_and_bootstraps_on_observations_at_one_place_in_memory(autoreset_mode):
+    """Every call's observations start on a 64-byte boundary (4 envs of 4 float32: each row fills one), the
+    bootstrap on the observations the next batch starts with too: some CPU kernels' last bits depend on where
+    an input starts, and an env's own array lies wherever its allocator put it, so that seeded runs differed."""
+
+    class Where(CountingPolicyForCartPole):
+        def __init__(self) -> None:
+            super().__init__()
+            self.offsets: list[int] = []
+
+        def forward(self, obs):
+            self.offsets.append(obs.data_ptr() % 64)
+            return super().forward(obs)
+
+    policy = Where()
+    envs = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": autoreset_mode})
+    with Collector(envs, policy, num_steps=8, total_timesteps=4 * 8 * 6, prefetch=0, seed=3, device="cpu") as collector:
+        for _ in collector:
+            pass
+    assert len(policy.offsets) > 6 * 8  # the steps' calls and the bootstraps
+    assert set(policy.offsets) == {0}
+
+
 def test_policy_without_value_gives_no_advantages():
     class ActOnly(nn.Module):
         def forward(self, obs):

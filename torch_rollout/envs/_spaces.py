@@ -137,18 +137,22 @@ def _write(dst: Any, index: int | slice | tuple[np.ndarray, np.ndarray], obs: An
         dst[index] = obs
 
 
-def obs_to_tensor(space: spaces.Space, obs: Any, device: torch.device) -> Obs:
-    """Converts a batch of env observations (array or dict of arrays) to a tensor on ``device``."""
+def obs_to_tensor(space: spaces.Space, obs: Any, device: torch.device, *, copy: bool = False) -> Obs:
+    """Converts a batch of env observations (array or dict of arrays) to a tensor on ``device``.
+
+    On the CPU the tensor shares the array's memory, unless ``copy``: then it is in torch's own (a policy's
+    input, whose place in memory the floats of some CPUs' kernels depend on, fixed as the env's arrays are not).
+    """
     if isinstance(space, spaces.Dict):
         batch = None
         items = {}
         for key, sub in space.spaces.items():
-            items[key] = obs_to_tensor(sub, obs[key], device)
+            items[key] = obs_to_tensor(sub, obs[key], device, copy=copy)
             batch = items[key].shape[:1]
         return TensorDict(items, batch_size=batch, device=device)
     # ascontiguousarray: torch cannot wrap negative strides (a reversed view); a no-op otherwise.
     array = np.ascontiguousarray(obs, dtype=_storage_dtype(space))
-    return torch.as_tensor(array, device=device)
+    return torch.tensor(array, device=device) if copy else torch.as_tensor(array, device=device)
 
 
 def select_obs(space: spaces.Space, obs: Any, index: np.ndarray) -> Any:

@@ -304,7 +304,7 @@ class RolloutLoop:
         rows = self.acted[ids]
         self.acted[ids] = rows + 1
         places = self._locate(ids, rows, allocate=True)
-        obs_in = obs_to_tensor(self.obs_space, record.obs, self.device)
+        obs_in = obs_to_tensor(self.obs_space, record.obs, self.device, copy=True)  # not at the pool's address
         state = index = None
         if self.recurrent is not None:
             index = torch.from_numpy(ids).to(self.device)  # once for the state read and the state carried
@@ -417,11 +417,16 @@ class RolloutLoop:
         return batch
 
     def _waiting_obs(self, device: torch.device) -> Obs:
-        """The observations the next batch starts with, as stored (float64 as float32), on ``device``."""
+        """The observations the next batch starts with, as stored (float64 as float32), on ``device``.
+
+        A copy in torch's memory, as every row the policy is called on: a CPU kernel's last bits can depend on
+        where its input starts (MKL's AVX-512 ones), and the env's array lies wherever its allocator put it, so
+        a bootstrap on it would make two runs with the same seeds differ.
+        """
         assert self.waiting is not None  # reset: observations to act on
         obs = self.waiting.obs
         if not self.on_device:
-            return obs_to_tensor(self.obs_space, obs, device)
+            return obs_to_tensor(self.obs_space, obs, device, copy=True)
         stored = empty_obs(self.obs_space, (self.num_envs,), device=device)
         copy_into(stored, obs)
         return stored
