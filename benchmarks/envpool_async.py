@@ -13,7 +13,8 @@ on several cores at once: its rows and its env-alone row are given too. A
 hand-written async loop (``recv``, forward, ``send``, no bookkeeping) shows
 what the overlap gives without the collector's work.
 Systems run interleaved (A B C A B C ...), each built afresh per repeat; the
-table gives medians, spreads and ratios to the serial floor. Writes ``results/envpool_async.json``.
+table gives medians, spreads and ratios to the serial floor. Writes ``results/envpool_async.json``
+(another ``--env`` or ``--num-envs``: ``results/envpool_async_ENV_nN.json``).
 
 Usage::
 
@@ -49,8 +50,8 @@ from _common import (
     write_json,
 )
 
-ENV_ID = "CartPole-v1"
-NUM_ENVS, NUM_STEPS = 64, 128
+ENV_ID = DEFAULT_ENV_ID = "CartPole-v1"
+NUM_ENVS, NUM_STEPS = DEFAULT_NUM_ENVS, _ = 64, 128
 # (fraction of num_envs as batch_size, num_threads) of the async rows; num_threads 0: EnvPool's default.
 ASYNC = ((1 / 2, 0), (1 / 2, 1), (3 / 4, 0), (3 / 4, 1))
 ENV, POLICY = "env alone (sync, num_threads=1)", "policy forward alone"
@@ -211,7 +212,11 @@ def main() -> None:
     print(markdown_table(["system", "frames/s (median)", "min - max", "x serial floor"], rows))
     config = {"env": ENV_ID, "N": NUM_ENVS, "T": NUM_STEPS, "repeats": args.repeats, "batches": args.batches}
     config.update(prefetch=args.prefetch, load_1m_start=load)
-    write_json("envpool_async", {"machine": machine_info(), "config": config, "samples": rates, "medians": medians})
+    # One record per case: the defaults' in envpool_async.json, another case's beside it, named by its env and N.
+    case = "" if (ENV_ID, NUM_ENVS) == (DEFAULT_ENV_ID, DEFAULT_NUM_ENVS) else f"_{ENV_ID.lower()}_n{NUM_ENVS}"
+    write_json(
+        f"envpool_async{case}", {"machine": machine_info(), "config": config, "samples": rates, "medians": medians}
+    )
 
 
 if __name__ == "__main__":
