@@ -20,7 +20,15 @@ from playground_setup import load
 
 from torch_rollout.envs import FromJax
 
-from _common import LinearAgent, Recorder, as_same_step, check_rows_in_workers, check_same_step_rows, collect_lockstep
+from _common import (
+    LinearAgent,
+    Recorder,
+    as_same_step,
+    check_rows_in_workers,
+    check_same_step_rows,
+    collect_lockstep,
+    gae_float64,
+)
 
 NUM_ENVS, STEPS = 16, 5
 # The collector's runs: few envs (each new shape compiles for seconds) and a time limit short enough that several
@@ -208,3 +216,75 @@ def test_worker_processes_that_build_the_jax_envs(tmp_path):
         gae_lambda=LAMBDA,
     )
     assert sum(int(batch["done"].sum()) for batch in batches) >= ENVS, "too few episode ends to check"
+
+
+def recording_rsl_rl_wrapper(num_envs: int, limit: int):
+    """Playground's own RSLRLBraxWrapper over CartpoleBalance, its step wrapped to keep what it returned (cloned)."""
+    from mujoco_playground._src.wrapper_torch import RSLRLBraxWrapper
+
+    wrapper = RSLRLBraxWrapper(registry.load("CartpoleBalance"), num_envs, 0, limit, 1)
+    steps: list[tuple[torch.Tensor, ...]] = []
+    observed: list[torch.Tensor] = []
+    step, get_observations = wrapper.step, wrapper.get_observations
+
+    def recorded_step(actions):
+        obs, reward, done, extras = step(actions)
+        steps.append((actions.clone(), obs["state"].clone(), reward.clone(), done.clone(), extras["time_outs"].clone()))
+        return obs, reward, done, extras
+
+    def recorded_observations():
+        obs = get_observations()  # this wrapper's get_observations() resets the envs
+        observed.append(obs["state"].clone())
+        return obs
+
+    wrapper.step, wrapper.get_observations = recorded_step, recorded_observations
+    return wrapper, steps, observed
+
+
+def test_playgrounds_rsl_rl_wrapper_through_from_rsl_rl():
+    """Playground's RSLRLBraxWrapper resets ended envs inside its AutoResetWrapper and drops their final
+    observations: FromRslRl(bootstrap="last_obs") makes every time-out a truncated row bootstrapped from its own
+    value (rsl_rl's approximation, marked 1 in infos["bootstrap"]). Every row against what the wrapper returned."""
+    from torch_rollout.envs import FromRslRl
+
+    wrapper, steps, observed = recording_rsl_rl_wrapper(ENVS, LIMIT)
+    envs = FromRslRl(wrapper, bootstrap="last_obs")
+    assert envs.device == torch.device("cpu")  # the wrapper sets no device on a CPU: taken from its observations
+    agent = LinearAgent(envs.single_observation_space["state"].shape[0], 1, group="state")
+    batches = collect_lockstep(
+        envs, agent, num_steps=NUM_STEPS, batches=BATCHES, gamma=GAMMA, gae_lambda=LAMBDA, info_keys=("bootstrap",)
+    )
+    assert len(steps) == NUM_STEPS * BATCHES
+    obs = observed[-1]  # the observations of the collector's reset
+    rows = iter(steps)
+    for k, batch in enumerate(batches):
+        for t in range(NUM_STEPS):
+            action, next_obs, reward, done, time_outs = next(rows)
+            row, where = batch[t], f"batch {k} row {t}"
+            done, time_outs = done.bool(), time_outs.bool() & done.bool()
+            assert torch.equal(row["obs", "state"], obs), where
+            assert torch.equal(row["action"], action), where
+            assert torch.equal(row["reward"], reward.float()), where
+            assert torch.equal(row["done"], done), where
+            assert torch.equal(row["truncated"], time_outs), where
+            assert torch.equal(row["terminated"], done & ~time_outs), where
+            assert torch.equal(row["info", "bootstrap"], time_outs.to(torch.int8)), where
+            assert torch.equal(row["next_value"][time_outs], row["value"][time_outs]), f"{where}: V(s_t) reused"
+            assert torch.equal(row["next_obs", "state"][~done], next_obs[~done]), where
+            obs = next_obs
+        with torch.no_grad():
+            value = agent.get_value(batch["obs"])
+        torch.testing.assert_close(batch["value"], value, msg=lambda m, w=k: f"batch {w} value: {m}")
+        advantage, return_ = gae_float64(
+            batch["reward"],
+            value,
+            batch["next_value"],
+            batch["terminated"],
+            batch["truncated"],
+            gamma=GAMMA,
+            gae_lambda=LAMBDA,
+        )
+        torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batch["return"].double(), return_, rtol=1e-5, atol=1e-5)
+    truncated = sum(int(batch["truncated"].sum()) for batch in batches)
+    assert truncated == ENVS * (NUM_STEPS * BATCHES // LIMIT), "every episode of CartpoleBalance times out"
