@@ -9,6 +9,7 @@ an env that sleeps, or (given two cores to spare) one that holds the GIL, about 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import resource
@@ -258,6 +259,28 @@ def test_python_m_torch_rollout_tune_prints_the_table_and_the_collector_call():
     assert list(rows) == [LOCKSTEP, AHEAD, workers(1)] and "refused" not in rows[workers(1)]
     assert "1 torch thread in the trainer" in done.stdout
     assert re.search(r"^Collector\('CartPole-v1', policy, num_envs=1, num_steps=4, backend=", done.stdout, re.MULTILINE)
+
+
+def test_the_command_lines_json_holds_every_trial_as_printed(tmp_path, capsys):
+    path = tmp_path / "tune.json"
+    argv = ["tune", "CartPole-v1", "--num-envs", "1", "--num-steps", "4", "--seconds", "0.3", "--device", "cpu"]
+    assert main([*argv, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(path.read_text())
+    assert record["command"] == "python -m torch_rollout " + " ".join([*argv, "--json", str(path)])
+    assert record["cores"] == available_cores() and record["torch_threads"] == 1
+    printed = table_rows(out)
+    assert [entry["placement"] for entry in record["placements"]] == list(printed) == [LOCKSTEP, AHEAD, workers(1)]
+    for entry in record["placements"]:
+        assert len(entry["frames_per_s"]) == 3 and entry["median"] == sorted(entry["frames_per_s"])[1]
+        assert printed[entry["placement"]].startswith(f"{entry['median']:,.0f} | ")
+    assert f"best: {record['best']} (" in out
+
+
+def test_the_command_line_refuses_a_json_path_in_no_folder(tmp_path):
+    missing = tmp_path / "nowhere" / "tune.json"
+    with pytest.raises(SystemExit, match=re.escape(f"--json {str(missing)!r}: no folder")):
+        main(["tune", "CartPole-v1", "--num-envs", "1", "--num-steps", "4", "--json", str(missing)])
 
 
 @pytest.mark.parametrize(

@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from time import perf_counter
+from pathlib import Path
+from time import perf_counter, strftime
 from typing import Any
 
 import gymnasium
@@ -120,6 +123,7 @@ def tune(
     Returns:
         The fastest placement's keyword arguments, for
         ``Collector(envs, policy, num_steps=..., num_envs=..., device=..., **best)``.
+        (``python -m torch_rollout tune ... --json PATH`` also writes every trial's figures to a file.)
 
     Raises:
         TypeError, ValueError: for an argument out of type or range; and the
@@ -137,6 +141,21 @@ def tune(
         True
         >>> torch.set_num_threads(previous)
     """
+    _, best = _trials(envs, policy, num_steps, num_envs, seconds, train_seconds, placements, device)
+    return dict(best.options)
+
+
+def _trials(
+    envs: Any,
+    policy: nn.Module | None,
+    num_steps: int,
+    num_envs: int | None,
+    seconds: float,
+    train_seconds: float,
+    placements: Sequence[Mapping[str, Any]] | None,
+    device: Any,
+) -> tuple[list[_Row], _Row]:
+    """:func:`tune`'s work, printing as it goes: every placement's row and the fastest one."""
     n = _check_arguments(envs, num_steps, num_envs, seconds, train_seconds)
     candidates = default_placements(n) if placements is None else _check_placements(placements)
     if policy is None:
@@ -153,7 +172,7 @@ def tune(
     _run_rounds(rows, setting, seconds)
     best = max((row for row in rows if row.stats), key=lambda row: row.median)
     print(_table(rows, best, perf_counter() - began))
-    return dict(best.options)
+    return rows, best
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,6 +469,32 @@ def _shares(stats: list[Stats]) -> dict[str, float]:
     return shares
 
 
+def _record(rows: list[_Row], best: _Row, argv: Sequence[str], load: float | None) -> dict[str, Any]:
+    """The trials as the ``--json`` file holds them: the command, the machine, each placement's rounds."""
+    placements = []
+    for row in rows:
+        entry: dict[str, Any] = {"placement": row.label, "frames_per_s": [s.fps for s in row.stats]}
+        if row.stats:
+            entry.update(median=row.median, shares=_shares(row.stats), account=row.median_stats().describe())
+        if row.refused is not None:
+            entry["refused"] = f"{type(row.refused).__name__}: {row.refused}"
+        placements.append(entry)
+    return {
+        "command": "python -m torch_rollout " + " ".join(argv),
+        "date": strftime("%Y-%m-%d %H:%M:%S"),
+        "cores": available_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average_1m": [load, _load()],  # at the start and at the end
+        "placements": placements,
+        "best": best.label,
+    }
+
+
+def _load() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 
@@ -480,10 +525,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="torch.set_num_threads in the trainer first (default: torch's own)",
     )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        type=Path,
+        default=None,
+        help="also write the command, the machine and every trial's figures to this JSON file",
+    )
 
 
-def _main(args: argparse.Namespace) -> int:
-    """Runs :func:`tune` for the parsed command line and prints the Collector call it found fastest."""
+def _main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Runs :func:`tune` for the parsed command line (``argv``) and prints the Collector call it found fastest."""
+    load = _load()
+    if args.json is not None and not args.json.parent.is_dir():
+        raise SystemExit(f"tune: --json {str(args.json)!r}: no folder {str(args.json.parent)!r}; create it first")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     policy = None
@@ -494,16 +549,13 @@ def _main(args: argparse.Namespace) -> int:
             policy = factory(probe.observation_space, probe.action_space)
         finally:
             probe.close()
-    best = tune(
-        args.env_id,
-        policy,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        seconds=args.seconds,
-        train_seconds=args.train_seconds,
-        device=args.device,
+    rows, best = _trials(
+        args.env_id, policy, args.num_steps, args.num_envs, args.seconds, args.train_seconds, None, args.device
     )
-    chosen = ", ".join(f"{key}={value!r}" for key, value in best.items())
+    if args.json is not None:
+        args.json.write_text(json.dumps(_record(rows, best, argv, load), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    chosen = ", ".join(f"{key}={value!r}" for key, value in best.options.items())
     print(f"\nCollector({args.env_id!r}, policy, num_envs={args.num_envs}, num_steps={args.num_steps}, {chosen})")
     return 0
 
@@ -565,4 +617,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             "on the env and the policy, prints frames/s with each one's account, and the fastest Collector call.",
         )
     )
-    return _main(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return _main(parser.parse_args(argv), argv)
