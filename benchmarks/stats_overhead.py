@@ -16,6 +16,8 @@ batch's start and end. This script measures, in one process, with one torch thre
 Usage::
 
     .venv/bin/python benchmarks/stats_overhead.py [--repeats R]
+
+It prints the table and writes it, with the machine and its load, to ``benchmarks/results/stats_overhead.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch_rollout import Collector
 from torch_rollout.loop._stats import Account
 
-from _common import make_policy
+from _common import load_line, machine_info, make_policy, write_json
 
 SHAPES = ((1, 1), (8, 1), (1, 128), (8, 128))  # (num_envs, num_steps)
 CALLS = 200_000
@@ -82,17 +84,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    info = machine_info()
     cost = timed_call_cost(args.repeats)
     print(f"one timed call: {cost * 1e9:.0f} ns (median of {args.repeats} x {CALLS:,} calls, one torch thread)")
     print()
     print("| envs N | steps T | collector per step | account per step | account's share |")
     print("|---:|---:|---:|---:|---:|")
+    rows = []
     for num_envs, num_steps in SHAPES:
         step = step_seconds(num_envs, num_steps, args.repeats)
-        calls = 3 + 3 / num_steps
-        own = calls * cost
+        own = (3 + 3 / num_steps) * cost
+        rows.append({"num_envs": num_envs, "num_steps": num_steps, "step_s": step, "account_s": own})
         print(f"| {num_envs} | {num_steps} | {step * 1e6:.1f} us | {own * 1e9:.0f} ns | {100 * own / step:.2f}% |")
-    print(f"\n({time.strftime('%Y-%m-%d')}; medians; the account's share is the upper bound of what it can cost)")
+    info["date"] = time.strftime("%Y-%m-%d")
+    load = load_line(info.get("load_average_1m", float("nan")))
+    path = write_json("stats_overhead", {"machine": info, "repeats": args.repeats, "call_s": cost, "rows": rows})
+    bound = "the account's share is the upper bound of what it can cost"
+    print(f"\n({info['date']}; medians; {load}; {bound}; {path.name})")
 
 
 if __name__ == "__main__":
