@@ -286,10 +286,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+# What benchmarks/run.py sets while its parts run: they then write run_<name>.json, so that a whole run leaves
+# the records of the single scripts (which other docs pages cite) as they were
+RECORD_PREFIX = ""
+
+
 def write_json(name: str, payload: Mapping[str, Any]) -> Path:
-    """Writes ``results/<name>.json`` (NaN as null) and returns its path."""
+    """Writes ``results/<RECORD_PREFIX><name>.json`` (NaN as null) and returns its path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    path = RESULTS_DIR / f"{RECORD_PREFIX}{name}.json"
 
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):

@@ -30,6 +30,7 @@ import ppo
 import threads
 import truncation
 
+import _common
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, quiet_warnings, write_json
 
 __all__ = ["main", "render"]
@@ -38,6 +39,8 @@ DOCS = REPO_ROOT / "docs"
 PAGE = DOCS / "performance-full-run.md"
 SINGLE_SCRIPTS = Path(__file__).with_name("single_scripts.md")
 COMMAND = "bash benchmarks/setup.sh && benchmarks/.venv/bin/python benchmarks/run.py"
+# The results file each part writes when it runs (its key's name unless listed)
+RECORDS = {"placement": "placement_ab"}
 
 
 # The run's sections in page order: the key of its part, its title, its module and the note under its table.
@@ -129,8 +132,11 @@ def _machine_line(info: dict[str, Any]) -> str:
     )
 
 
-def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: bool, elapsed_s: float) -> str:
-    """docs/performance-full-run.md: the run's tables, prose wrapped at 100 columns."""
+def render(
+    results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: bool, elapsed_s: float, record: str = "run"
+) -> str:
+    """docs/performance-full-run.md: the run's tables, prose wrapped at 100 columns; ``record`` names the
+    results file of the whole run."""
     command = COMMAND + (" --quick" if quick else "")
     parts = [
         "# Performance: the full run",
@@ -167,7 +173,9 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, Any], *, quick: b
     for key, title, module, note in SECTIONS:
         if key in results:
             parts += [f"## {title}", "", module.to_markdown(results[key])] + ([note, ""] if note else [""])
-    parts += ["Raw numbers: `benchmarks/results/*.json`.", ""]
+            own = RECORDS.get(key, key) + ("_quick" if quick else "")
+            parts += [f"Recorded in `benchmarks/results/run_{own}.json`, and with the whole run in `{record}.json`."]
+            parts += [""]
     parts[2] = (
         "One full run of the benchmark suite on one machine: collection, GAE and end-to-end PPO side by side with "
         "TorchRL, Stable-Baselines3, rlox and a CleanRL-style loop on the same envs, policy and seeds, beside the "
@@ -255,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     info["date"] = time.strftime("%Y-%m-%d")
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
+    _common.RECORD_PREFIX = "run_"
     for part in parts:
         part_start = time.perf_counter()
         if part == "collect":
@@ -272,11 +281,14 @@ def main(argv: list[str] | None = None) -> None:
         elif part == "ppo":
             results[part] = ppo.run(quick=args.quick, repeats=args.repeats)
         print(f"[{part} took {time.perf_counter() - part_start:.1f} s]", flush=True)
+    _common.RECORD_PREFIX = ""
     elapsed = time.perf_counter() - start
     info["load_average_1m_end"] = machine_info().get("load_average_1m")
-    section = render(results, info, quick=args.quick, elapsed_s=elapsed)
+    # every part's results beside the machine: the page's one record, whatever single scripts write later
+    record = "run_quick" if args.quick else "run_only" if args.only else "run"
+    section = render(results, info, quick=args.quick, elapsed_s=elapsed, record=record)
     suffix = "_quick" if args.quick else ""
-    write_json(f"run{suffix}", {"machine": info, "elapsed_s": elapsed, "parts": parts, "quick": args.quick})
+    write_json(record, {"machine": info, "elapsed_s": elapsed, "quick": args.quick, "results": results})
     target = RESULTS_DIR / f"performance{suffix}.md" if args.quick or args.no_docs or args.only else PAGE
     if target == PAGE:
         _write_docs(section)
