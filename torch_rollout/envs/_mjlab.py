@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
 from torch import Tensor
+
+from torch_rollout.envs._batched import SameStepEnv
 
 __all__ = ["FromMjlab"]
 
 
-class FromMjlab(VectorEnv):
+class FromMjlab(SameStepEnv):
     """mjlab's ``ManagerBasedRlEnv`` presented as a vector env for the Collector, with exact time-out bootstraps.
 
     mjlab's env is batched (``num_envs`` envs on one ``device``) and steps as
@@ -66,14 +66,12 @@ class FromMjlab(VectorEnv):
                 "bootstrap='last_obs') (or bootstrap='none'), an approximation that marks its rows"
             )
         self.env = base
-        self.num_envs = int(base.num_envs)
-        self.device = torch.device(base.device)
-        self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
-        self.autoreset_mode = AutoresetMode.SAME_STEP
-        self.single_observation_space = _gym_space(base.single_observation_space)
-        self.single_action_space = _gym_space(base.single_action_space)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._present(
+            num_envs=base.num_envs,
+            device=base.device,
+            observation_space=_gym_space(base.single_observation_space),
+            action_space=_gym_space(base.single_action_space),
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         if options:
