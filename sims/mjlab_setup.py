@@ -38,13 +38,21 @@ def pole_fell(env: ManagerBasedRlEnv, limit: float, hinge: SceneEntityCfg) -> to
 
 
 def task_config(
-    task: str, num_envs: int, *, episode_steps: int | None = None, auto_reset: bool = True, pole_limit: float = 0.2
+    task: str,
+    num_envs: int,
+    *,
+    episode_steps: int | None = None,
+    auto_reset: bool = True,
+    pole_limit: float = 0.2,
+    seed: int | None = None,
 ):
     """The config of ``TASKS[task]`` for ``num_envs`` envs: episodes of ``episode_steps`` env steps (None: the
-    task's own), and for the cartpole a termination where the pole falls beyond ``pole_limit``."""
+    task's own), for the cartpole a termination where the pole falls beyond ``pole_limit``, and ``seed`` (mjlab
+    seeds the process's global RNGs with it when the env is built; None: it does not)."""
     cfg = load_env_cfg(TASKS[task][0])
     cfg.scene.num_envs = num_envs
     cfg.auto_reset = auto_reset
+    cfg.seed = seed
     if episode_steps is not None:  # mjlab rounds episode_length_s / step up to whole steps
         step_s = cfg.sim.mujoco.timestep * cfg.decimation
         cfg.episode_length_s = (episode_steps - 0.5) * step_s
