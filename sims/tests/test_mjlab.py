@@ -252,6 +252,40 @@ def never_reset_envs(num_envs: int, start_index: int = 0):
     return FromRslRl(RslRlVecEnvWrapper(env), bootstrap="last_obs")
 
 
+class FailingEnv(RecordingEnv):
+    """mjlab's env whose ``at``-th step raises after mjlab's own step ran (a fault injected over the real env)."""
+
+    def __init__(self, env: Any, *, at: int) -> None:
+        super().__init__(env)
+        self.at, self.steps = at, 0
+
+    def step(self, action):
+        result = super().step(action)
+        self.steps += 1
+        if self.steps == self.at:
+            raise RuntimeError(f"mjlab step {self.at} failed")
+        return result
+
+
+def failing_envs(num_envs: int, start_index: int = 0):
+    """FromMjlab over mjlab's env whose 5th step raises (the second batch's), in the worker with envs 2 and 3 only
+    (a module-level recipe)."""
+    env = make_env("cartpole", num_envs, **options_of("cartpole", "FromMjlab"))
+    return FromMjlab(FailingEnv(env, at=5 if start_index + num_envs == 4 else 0))
+
+
+# Each fault: the recipe of 4 envs, its adapter, what the error says, and the file of the frame that raised it
+FAULTS = {
+    "rsl_rl-wrapper-never-resets": (
+        never_reset_envs,
+        "FromRslRl",
+        r"Environments \[\d(, \d)*\] must be reset via reset\(env_ids=\.\.\.\) before calling step\(\)",
+        "mjlab/envs/manager_based_rl_env.py",
+    ),
+    "FromMjlab-step-5-raises": (failing_envs, "FromMjlab", r"^mjlab step 5 failed", "sims/tests/test_mjlab.py"),
+}
+
+
 @pytest.fixture(scope="module")
 def forkserver():
     """The fork server that worker processes start from, and multiprocessing's resource tracker, live as long as
@@ -268,25 +302,25 @@ def forkserver():
         list(collector)
 
 
+@pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize("backend", ["thread", "processes"])
-def test_an_env_that_fails_mid_step_reaches_the_trainer(backend, forkserver):
-    """The fault reaches next() with mjlab's own message, nothing is left behind (threads, processes, file
-    descriptors), and a new collector over mjlab's envs then collects."""
+def test_an_env_that_fails_mid_step_reaches_the_trainer(backend, fault, forkserver):
+    """The fault reaches next() with its cause, nothing is left behind (threads, processes, file descriptors), and
+    a new collector over mjlab's envs then collects."""
+    recipe, through, message, where = FAULTS[fault]
     agent = agent_for("cartpole")
     snapshot = Snapshot()
     options: dict[str, Any] = {"backend": "thread"} if backend == "thread" else {"backend": Processes(2)}
-    envs = never_reset_envs(4) if backend == "thread" else never_reset_envs
-    collector = collector_for(envs, agent, "FromRslRl", num_envs=4, timeout=120, **options)
-    with pytest.raises(
-        RuntimeError, match=r"must be reset via reset\(env_ids=\.\.\.\) before calling step\(\)"
-    ) as info:
+    envs = recipe(4) if backend == "thread" else recipe
+    collector = collector_for(envs, agent, through, num_envs=4, timeout=120, **options)
+    with pytest.raises(RuntimeError, match=message) as info:
         for _ in collector:
             pass
-    if backend == "thread":  # the original traceback, down to mjlab's step
+    if backend == "thread":  # the original traceback, down to the frame that raised
         files = [frame.filename for frame in traceback.extract_tb(info.value.__traceback__)]
-        assert any(file.endswith("mjlab/envs/manager_based_rl_env.py") for file in files), files
+        assert any(file.endswith(where) for file in files), files
     else:  # the worker's traceback chained, the worker named
-        assert "mjlab/envs/manager_based_rl_env.py" in str(info.value.__cause__)
+        assert where in str(info.value.__cause__)
         assert re.match(r"\(raised in torch_rollout worker [01] \(pid \d+\)\)", info.value.__notes__[0])
     assert collector.closed
     assert wait_until(lambda: not collector_threads(), 30)

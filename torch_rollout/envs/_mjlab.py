@@ -91,7 +91,7 @@ class FromMjlab(SameStepEnv):
         else:
             terminated, truncated = terminated.clone(), time_outs & ~terminated
         done = terminated | truncated
-        # mjlab's step has already waited for the device to find the envs that ended (its own nonzero)
+        # mjlab's reset takes env indices: a wait for the device, as mjlab's own step makes one for its auto-reset
         ended = done.nonzero().squeeze(-1)
         final = None
         if ended.numel() > 0:
