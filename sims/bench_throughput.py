@@ -4,7 +4,7 @@ Run in one framework's venv (sims/build.sh) from the repository root, e.g.::
 
     PYTHONPATH=$PWD ~/.cache/torch_rollout/sims/gymnax/bin/python sims/bench_throughput.py --framework gymnax
 
-``--framework`` is one of isaaclab, maniskill, playground (Playground's and Brax's envs) or gymnax. For each of
+``--framework`` is one of isaaclab, maniskill, playground (Playground's and Brax's envs), gymnax or mjlab. For each of
 its cases (an env and a shape) every system below collects batches of ``T`` steps of ``N`` envs, timed as frames
 per second (env steps times ``N``), interleaved (A B C ... A B C), each repeat after untimed warm-up batches:
 
@@ -338,11 +338,37 @@ def gymnax_cases() -> list[Case]:
     ]
 
 
+def mjlab_cases() -> list[Case]:
+    from mjlab_setup import mjlab_envs
+
+    # A step costs about 55 ms at 64 or 256 cartpoles (Warp's kernel launches, not physics) and about 280 ms at 32
+    # Go1s (contacts): few, short batches, so that the framework's run stays within a few minutes
+    cases = []
+    for task, title, n, num_steps in (
+        ("cartpole", "Mjlab-Cartpole-Balance (pole-fell termination)", 256, 32),
+        ("go1", "Mjlab-Velocity-Flat-Unitree-Go1", 32, 8),
+    ):
+        recipe = functools.partial(mjlab_envs, task=task)
+        cases.append(
+            Case(
+                name=f"{title} through FromMjlab, N={n}, T={num_steps}",
+                make=functools.partial(recipe, n),
+                num_steps=num_steps,
+                batches=2,
+                recipe=recipe,
+                workers=(1,),
+                group="actor",
+            )
+        )
+    return cases
+
+
 CASES: dict[str, Callable[[], list[Case]]] = {
     "isaaclab": isaaclab_cases,
     "maniskill": maniskill_cases,
     "playground": playground_cases,
     "gymnax": gymnax_cases,
+    "mjlab": mjlab_cases,
 }
 
 

@@ -37,10 +37,11 @@ import gymnasium
 
 from torch_rollout.envs._cartpole import CartPole
 from torch_rollout.envs._isaac_lab import FromIsaacLab
+from torch_rollout.envs._mjlab import FromMjlab
 from torch_rollout.envs._pendulum import Pendulum
 from torch_rollout.envs._rsl_rl import FromRslRl
 
-__all__ = ["CartPole", "FromIsaacLab", "FromJax", "FromRslRl", "Pendulum"]
+__all__ = ["CartPole", "FromIsaacLab", "FromJax", "FromMjlab", "FromRslRl", "Pendulum"]
 
 
 def __getattr__(name: str) -> Any:

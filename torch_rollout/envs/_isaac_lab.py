@@ -7,14 +7,15 @@ from typing import Any
 
 import gymnasium
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector import VectorEnv
 from torch import Tensor
+
+from torch_rollout.envs._batched import SameStepEnv
 
 __all__ = ["FromIsaacLab", "adapt_isaac_lab", "is_isaac_lab"]
 
 
-class FromIsaacLab(VectorEnv):
+class FromIsaacLab(SameStepEnv):
     """Isaac Lab's own env, as ``gym.make(task, cfg=env_cfg)`` returns it, presented as a vector env for the Collector.
 
     Isaac Lab's ``DirectRLEnv`` and ``ManagerBasedRLEnv`` are batched
@@ -62,14 +63,13 @@ class FromIsaacLab(VectorEnv):
                 "bootstrap='none'), an approximation that marks its rows"
             )
         self.env = env
-        self.num_envs = int(base.num_envs)
-        self.device = torch.device(base.device)
-        self.metadata = {**getattr(base, "metadata", {}), "autoreset_mode": AutoresetMode.SAME_STEP}
-        self.autoreset_mode = AutoresetMode.SAME_STEP
-        self.single_observation_space = base.single_observation_space
-        self.single_action_space = base.single_action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._present(
+            num_envs=base.num_envs,
+            device=base.device,
+            observation_space=base.single_observation_space,
+            action_space=base.single_action_space,
+            metadata=getattr(base, "metadata", {}),
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         obs, extras = self.env.reset(seed=seed, options=options)
