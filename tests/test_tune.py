@@ -24,8 +24,9 @@ import torch
 
 import torch_rollout
 from torch_rollout import Collector, Processes, tune
+from torch_rollout.__main__ import main
 from torch_rollout.loop._stats import available_cores
-from torch_rollout.tuning import MLPPolicy, default_placements, main
+from torch_rollout.tuning import MLPPolicy, default_placements
 
 from reliability_envs import ConstantPolicy
 from timed_envs import make_busy_envs, make_slow_envs
