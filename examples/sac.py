@@ -184,6 +184,34 @@ class ReplayBuffer:
 # ---------------------------------------------------------------------------- training
 
 
+class EndedReturns:
+    """The returns of the episodes that end in each batch, kept on the batch's device and added to a RecentReturns
+    only at `flush`: one wait for the device per log row, not one per batch (SAC's T=1 batches come by thousands).
+
+    `reached`: the env step after the first batch at which the mean of a full window was >= `target`, else None.
+    """
+
+    def __init__(self, recent: common.RecentReturns, target: float | None = None) -> None:
+        self.recent, self.target, self.reached = recent, target, None
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (env step after the batch, returns [T, N], NaN elsewhere)
+
+    def add(self, step: int, batch: TensorDict) -> None:
+        """Keeps the returns of a batch's ended episodes (`done` on a real row): a new tensor, not the batch's."""
+        self.pending.append((step, batch["episode_return"].where(batch["done"] & batch["mask"], torch.nan)))
+
+    def flush(self) -> None:
+        """Adds the pending returns to the RecentReturns, batch by batch, in the order they came (one host sync)."""
+        if not self.pending:
+            return
+        steps, returns = zip(*self.pending)
+        for step, row in zip(steps, torch.stack(returns).cpu()):
+            self.recent.add(row[~row.isnan()])
+            full = len(self.recent.returns) == self.recent.returns.maxlen
+            if self.reached is None and self.target is not None and full and self.recent.mean >= self.target:
+                self.reached = step
+        self.pending.clear()
+
+
 LOG_FIELDS = [
     "step",
     "wall_time",
@@ -280,7 +308,7 @@ def train(cfg: Config) -> float:
 
     batch_steps = cfg.num_envs * cfg.num_steps
     recent = common.RecentReturns(cfg.return_window)
-    ended = common.EndedReturns(recent, cfg.target_return)
+    ended = EndedReturns(recent, cfg.target_return)
     global_step, next_log, owed_updates = 0, cfg.log_every, 0.0
     wait_s, update_s, buffer = 0.0, 0.0, None
     collector = Collector(
@@ -349,7 +377,8 @@ def train(cfg: Config) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser, args = common.parse_args(__doc__, Config, DEFAULT_CONFIG, argv)
+    parser = common.make_parser(__doc__, Config, DEFAULT_CONFIG)
+    args = parser.parse_args(argv)
     try:
         train(load_config(args.config or DEFAULT_CONFIG, args.overrides))
     except ConfigError as error:

@@ -107,7 +107,7 @@ def run_ours(seed: int) -> dict:
     overrides = [f"seed={seed}", f"run_dir={run_dir}", f"stop_return={TARGET}", "env_recipe=__main__:timed_cartpole"]
     cfg = ppo.load_config(CONFIG, overrides)
     assert cfg.num_envs == NUM_ENVS and cfg.return_window == 100, cfg
-    called = time.perf_counter()  # the run's wall_time counts from here (common.Run)
+    called = time.perf_counter()  # the run's wall_time counts from here (ppo.train)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         ppo.train(cfg)

@@ -159,9 +159,9 @@ def test_help_lists_every_config_key_with_its_default_and_description(ppo, capsy
         assert option in text
 
 
-def test_the_script_shows_ppo_in_about_380_lines_and_shares_the_plumbing_with_sac(ppo):
-    """CleanRL-style, top to bottom: config, agent, collector, update; the rest is examples/common.py's."""
-    assert len(SCRIPT.read_text().splitlines()) <= 390
+def test_the_script_shows_ppo_whole_and_shares_only_the_plumbing_with_sac(ppo):
+    """CleanRL-style, top to bottom: config, env, agent, collector, update; config files and the log in common.py."""
+    assert len(SCRIPT.read_text().splitlines()) <= 980
     assert ppo.ConfigError is ppo.common.ConfigError
     source = SCRIPT.read_text()
     for shown in ("class Config:", "class Agent(", "class RecurrentAgent(", "Collector(", "def update("):

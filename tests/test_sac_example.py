@@ -83,9 +83,9 @@ def test_help_lists_every_key(sac, capsys):
     assert "[sac_pendulum.yaml: 30000]" in out  # the shipped config's value beside the default
 
 
-def test_the_script_shows_sac_in_about_350_lines_with_the_plumbing_in_common(sac):
+def test_the_script_shows_sac_in_about_390_lines_with_the_plumbing_in_common(sac):
     """CleanRL-style, top to bottom: config, actor and critics, replay buffer, the loop; the rest is common.py's."""
-    assert len(SCRIPT.read_text().splitlines()) <= 360
+    assert len(SCRIPT.read_text().splitlines()) <= 390
     assert sac.ConfigError is sac.common.ConfigError
     source = SCRIPT.read_text()
     for shown in ("class Config:", "class Actor(", "class ReplayBuffer:", "Collector(", "def update("):
@@ -156,7 +156,7 @@ def test_the_critics_loss_ignores_masked_rows(sac):
 
 def test_ended_returns_are_counted_at_flush_in_order_and_reached_where_the_window_first_passes(sac):
     recent = sac.common.RecentReturns(2)
-    ended = sac.common.EndedReturns(recent, target=-10.0)
+    ended = sac.EndedReturns(recent, target=-10.0)
 
     def batch(returns, done, mask=(True, True)):
         return TensorDict(
