@@ -26,6 +26,7 @@ __all__ = [
     "Step",
     "as_same_step",
     "check_same_step_rows",
+    "check_values_and_gae",
     "collect_lockstep",
     "gae_float64",
     "check_rows_in_workers",
@@ -217,6 +218,25 @@ def gae_float64(
         carry = delta + gamma * gae_lambda * not_done[t] * carry
         advantage[t] = carry
     return advantage, advantage + value
+
+
+def check_values_and_gae(batch: Any, agent: LinearAgent, *, gamma: float, gae_lambda: float, where: str) -> None:
+    """A batch's ``value`` against the agent's, recomputed eagerly, and its ``advantage`` and ``return`` against the
+    float64 GAE of its own ``next_value`` and flags (for envs whose ``next_value`` the test checks row by row)."""
+    with torch.no_grad():
+        value = agent.get_value(batch["obs"])
+    torch.testing.assert_close(batch["value"], value, msg=lambda m: f"{where} value: {m}")
+    advantage, return_ = gae_float64(
+        batch["reward"],
+        value,
+        batch["next_value"],
+        batch["terminated"],
+        batch["truncated"],
+        gamma=gamma,
+        gae_lambda=gae_lambda,
+    )
+    torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batch["return"].double(), return_, rtol=1e-5, atol=1e-5)
 
 
 def as_same_step(record: Record, *, final_key: str) -> Record:

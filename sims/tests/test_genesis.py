@@ -15,7 +15,7 @@ from torch_rollout import GAE, BatchKeys, Collector, Processes
 from torch_rollout.envs import FromRslRl
 from torch_rollout.envs._gym import split_envs
 
-from _common import LinearAgent, collect_lockstep, gae_float64, load_records
+from _common import LinearAgent, check_values_and_gae, collect_lockstep, load_records
 
 NUM_ENVS, NUM_STEPS, BATCHES = 4, 24, 3
 EPISODE_STEPS = 22  # time-outs after 23 steps; the poles that fall before terminate
@@ -85,20 +85,7 @@ def check_rows(batches, resets, steps, agent, *, privileged: bool) -> None:
                 if t + 1 < NUM_STEPS:
                     assert torch.equal(batch[t + 1]["obs", "critic"], next_privileged), where
             obs = next_obs
-        with torch.no_grad():
-            value = agent.get_value(batch["obs"])
-        torch.testing.assert_close(batch["value"], value, msg=lambda m, w=k: f"batch {w} value: {m}")
-        advantage, return_ = gae_float64(
-            batch["reward"],
-            value,
-            batch["next_value"],
-            batch["terminated"],
-            batch["truncated"],
-            gamma=GAMMA,
-            gae_lambda=LAMBDA,
-        )
-        torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(batch["return"].double(), return_, rtol=1e-5, atol=1e-5)
+        check_values_and_gae(batch, agent, gamma=GAMMA, gae_lambda=LAMBDA, where=f"batch {k}")
     ends = [(int(b["terminated"].sum()), int(b["truncated"].sum())) for b in batches]
     assert sum(e[0] for e in ends) >= 1 and sum(e[1] for e in ends) >= 1, f"too few episode ends: {ends}"
 

@@ -26,8 +26,8 @@ from _common import (
     as_same_step,
     check_rows_in_workers,
     check_same_step_rows,
+    check_values_and_gae,
     collect_lockstep,
-    gae_float64,
 )
 
 NUM_ENVS, STEPS = 16, 5
@@ -277,19 +277,6 @@ def test_playgrounds_rsl_rl_wrapper_through_from_rsl_rl():
             assert torch.equal(row["next_value"][time_outs], row["value"][time_outs]), f"{where}: V(s_t) reused"
             assert torch.equal(row["next_obs", "state"][~done], next_obs[~done]), where
             obs = next_obs
-        with torch.no_grad():
-            value = agent.get_value(batch["obs"])
-        torch.testing.assert_close(batch["value"], value, msg=lambda m, w=k: f"batch {w} value: {m}")
-        advantage, return_ = gae_float64(
-            batch["reward"],
-            value,
-            batch["next_value"],
-            batch["terminated"],
-            batch["truncated"],
-            gamma=GAMMA,
-            gae_lambda=LAMBDA,
-        )
-        torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(batch["return"].double(), return_, rtol=1e-5, atol=1e-5)
+        check_values_and_gae(batch, agent, gamma=GAMMA, gae_lambda=LAMBDA, where=f"batch {k}")
     truncated = sum(int(batch["truncated"].sum()) for batch in batches)
     assert truncated == ENVS * (NUM_STEPS * BATCHES // LIMIT), "every episode of CartpoleBalance times out"
