@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from tensordict import TensorDict
 from torch import nn
 
-from torch_rollout import BatchKeys, Collector
+from torch_rollout import GAE, BatchKeys, Collector
 from torch_rollout.envs import CartPole, FromIsaacLab, FromRslRl, Pendulum
 
 from placements import PLACEMENTS, local_ray, on_ray
@@ -516,7 +516,10 @@ class RslRlCartPole:
     """CartPole stepped the rsl_rl way: observation groups, resets inside step, dones and extras["time_outs"].
 
     ``layout``: ``"3.x"`` gives a TensorDict of groups; ``"2.x"`` the policy tensor with every group in
-    ``extras["observations"]`` (Isaac Lab up to 2.1), ``"2.x-critic"`` with the critic group only there.
+    ``extras["observations"]`` (Isaac Lab up to 2.1), ``"2.x-critic"`` with the critic group only there; ``"1.x"``
+    steps as legged_gym does, ``(obs, privileged_obs, rewards, dones, extras)`` with the critic group as the
+    privileged observations (from ``get_privileged_observations()`` too), dones as int64 and time-outs as floats
+    (Genesis's locomotion examples), ``"1.x-none"`` the same with no privileged observations (``None``).
     ``final_obs``: puts the groups before the same-step reset in ``extras["final_obs"]`` (Isaac Lab's
     ``compute_final_obs``); ``declares``: ``cfg.compute_final_obs`` on ``unwrapped``, as Isaac Lab's wrapper has it.
     ``both``: the terminations of even envs reach their time limit too (``dones`` and ``time_outs`` both set, as
@@ -561,8 +564,13 @@ class RslRlCartPole:
         groups = self.groups(self.obs)
         if self.layout == "3.x":
             return groups
+        if self.layout.startswith("1.x"):
+            return groups["policy"]
         others = {"critic": groups["critic"]} if self.layout == "2.x-critic" else dict(groups.items())
         return groups["policy"], {"observations": others}
+
+    def get_privileged_observations(self) -> torch.Tensor | None:  # rsl_rl 1.x's; the other layouts never call it
+        return self.groups(self.obs)["critic"] if self.layout == "1.x" else None
 
     def step(self, actions: torch.Tensor) -> tuple:
         self.obs, reward, terminated, truncated, infos = self.envs.step((actions[:, 0] > 0).long())
@@ -574,6 +582,10 @@ class RslRlCartPole:
         extras = {"time_outs": truncated}
         if self.final_obs:
             extras["final_obs"] = self.groups(infos["final_obs"])
+        if self.layout.startswith("1.x"):
+            extras["time_outs"] = truncated.float()
+            dones = (terminated | truncated).long()
+            return self.get_observations(), self.get_privileged_observations(), reward, dones, extras
         obs = self.get_observations()
         if self.layout != "3.x":
             obs, more = obs
@@ -589,6 +601,13 @@ class GroupPolicy(nn.Module):
 
     def forward(self, obs: TensorDict) -> dict:
         return {"action": self.actor(obs["policy"]), "value": self.critic(obs["critic"])}
+
+
+class PlainPolicy(GroupPolicy):
+    """GroupPolicy's layers on an observation without groups (an rsl_rl 1.x env without privileged ones)."""
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        return {"action": self.actor(obs), "value": self.critic(obs)}
 
 
 class CountingGroupPolicy(GroupPolicy):
@@ -615,12 +634,12 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_as_chosen_and_say_so(bootstrap):
     assert isinstance(batch["obs"], TensorDict) and set(batch["obs"].keys()) == {"policy", "critic"}
     time_outs = batch["info", "bootstrap"] > 0
     assert time_outs.any() and batch["terminated"].any()
-    if bootstrap == "last_obs":  # a time-out bootstraps from V(s_t): its own row's value
-        assert torch.equal(batch["truncated"], time_outs)
+    if bootstrap == "last_obs":  # a time-out bootstraps from V(s_t): its own row's value (unless it terminated too)
+        assert torch.equal(batch["truncated"] & ~batch["terminated"], time_outs)
         assert torch.equal(batch["next_value"][time_outs], batch["value"][time_outs])
         assert torch.equal(batch["info", "bootstrap"][time_outs], torch.ones(int(time_outs.sum()), dtype=torch.int8))
-    else:  # a time-out ends like a termination
-        assert not batch["truncated"].any() and batch["terminated"][time_outs].all()
+    else:  # a time-out ends like a termination, and stays a time-out
+        assert batch["truncated"][time_outs].all() and batch["terminated"][time_outs].all()
         assert (batch["info", "bootstrap"][time_outs] == 2).all()
     exact = ~time_outs & ~batch["done"]
     torch.testing.assert_close(batch["next_value"][:-1][exact[:-1]], batch["value"][1:][exact[:-1]])
@@ -640,24 +659,82 @@ def test_rsl_rl_style_envs_keep_every_observation_group(layout):
         torch.testing.assert_close(batch["value"], policy.critic(obs["critic"]).squeeze(-1))
 
 
-def test_rsl_rl_2x_groups_missing_at_a_step_and_rsl_rl_1x_are_refused_by_name():
+@pytest.mark.parametrize("bootstrap", ["last_obs", "none"])
+def test_rsl_rl_1x_envs_give_the_batches_of_the_same_env_stepped_as_rsl_rl_3x(bootstrap):
+    """legged_gym's five values (privileged observations as the critic group, int dones, float time-outs): the rows
+    of the same env stepped the 3.x way, bit for bit, time-outs bootstrapped and labelled as chosen."""
+    keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
+    runs = [
+        collect(
+            FromRslRl(RslRlCartPole(N, layout=layout, beneath=None), bootstrap=bootstrap),
+            GroupPolicy(),
+            seed=None,
+            keys=keys,
+        )
+        for layout in ("1.x", "3.x")
+    ]
+    got, expected = (torch.cat(batches) for batches in runs)
+    assert set(got["obs"].keys()) == {"policy", "critic"}
+    for key in (*KEYS[1:], "obs", "next_obs", ("info", "bootstrap")):
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
+    time_outs = got["info", "bootstrap"] > 0
+    assert time_outs.any() and got["terminated"].any() and torch.equal(got["truncated"], time_outs)
+    assert torch.equal(got["next_value"][time_outs], got["value"][time_outs])  # V(s_t): the env keeps no final obs
+
+
+def test_rsl_rl_1x_envs_without_privileged_observations_give_one_tensor():
+    """privileged_obs None (Genesis's examples): the policy observation alone, no groups; the critic reads it."""
+    policy = PlainPolicy()
+    keys = BatchKeys(info_keys=("bootstrap",))
+    envs = FromRslRl(RslRlCartPole(N, layout="1.x-none", beneath=None), bootstrap="last_obs")
+    assert isinstance(envs.single_observation_space, gym.spaces.Box)
+    batch = torch.cat(collect(envs, policy, seed=None, keys=keys))
+    assert isinstance(batch["obs"], torch.Tensor) and batch["obs"].shape == (len(batch), N, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(batch["value"], policy.critic(batch["obs"]).squeeze(-1))
+    time_outs = batch["truncated"]
+    assert time_outs.any() and torch.equal(batch["info", "bootstrap"], time_outs.to(torch.int8))
+    assert torch.equal(batch["next_value"][time_outs], batch["value"][time_outs])
+
+
+def test_rsl_rl_groups_missing_at_a_step_and_steps_of_other_shapes_are_refused_by_name():
     class Forgets(RslRlCartPole):
         def step(self, actions: torch.Tensor) -> tuple:
             obs, reward, dones, extras = super().step(actions)
             del extras["observations"]
             return obs, reward, dones, extras
 
-    class OneX(RslRlCartPole):
-        def step(self, actions: torch.Tensor) -> tuple:
-            obs, reward, dones, extras = super().step(actions)
-            return obs, None, reward, dones, extras
+    class PrivilegedAtSteps(RslRlCartPole):  # privileged observations at its steps, but not before them
+        def get_privileged_observations(self) -> None:
+            return None
 
-    message = "FromRslRl.step: env.step() returned one tensor, without groups as its observation, but get_"
+        def step(self, actions: torch.Tensor) -> tuple:
+            obs, _, reward, dones, extras = super().step(actions)
+            return obs, 2 * obs, reward, dones, extras
+
+    class NoExtras(RslRlCartPole):
+        def step(self, actions: torch.Tensor) -> tuple:
+            return super().step(actions)[:3]
+
+    message = (
+        "FromRslRl.step: env.step() returned one tensor, without groups as its observation, but get_observations() "
+        "gave the groups ['critic', 'policy']; an rsl_rl 2.x env must put its other groups in extras['observations']"
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         collect(FromRslRl(Forgets(N, layout="2.x"), bootstrap="none"), GroupPolicy(), seed=None)
-    message = "FromRslRl.step: env.step() returned 5 values, expected 4, (obs, rewards, dones, extras)"
+    message = (
+        "FromRslRl.step: env.step() returned the groups ['critic', 'policy'] as its observation, but "
+        "get_observations() gave one tensor, without groups; an rsl_rl 1.x env must give privileged observations at "
+        "every step or at none, and from get_privileged_observations() too"
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
-        collect(FromRslRl(OneX(N), bootstrap="none"), GroupPolicy(), seed=None)
+        collect(FromRslRl(PrivilegedAtSteps(N, layout="1.x"), bootstrap="none"), PlainPolicy(), seed=None)
+    message = (
+        "FromRslRl.step: env.step() returned 3 values, expected 4, (obs, rewards, dones, extras) as rsl_rl 2.x and "
+        "later step, or 5, (obs, privileged_obs, rewards, dones, extras) as rsl_rl 1.x steps"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        collect(FromRslRl(NoExtras(N), bootstrap="none"), GroupPolicy(), seed=None)
 
 
 def _true_final_values(policy: GroupPolicy, env: RslRlCartPole, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -675,6 +752,7 @@ def _true_final_values(policy: GroupPolicy, env: RslRlCartPole, steps: int) -> t
         pytest.param("2.x", True, None, id="compute_final_obs-2.x"),
         pytest.param("3.x", False, "final_obs", id="final_obs"),
         pytest.param("3.x", True, "none", id="final_obs-over-none"),
+        pytest.param("1.x", False, "final_obs", id="final_obs-1.x"),
     ],
 )
 def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(layout, declares, bootstrap):
@@ -686,7 +764,7 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(lay
     batch = torch.cat(collect(envs, policy, seed=None, keys=keys))
     expected, time_outs = _true_final_values(policy, env, len(batch))
     assert time_outs.any() and batch["terminated"].any()
-    assert torch.equal(batch["truncated"], time_outs) and not batch["terminated"][time_outs].any()
+    assert torch.equal(batch["truncated"] & ~batch["terminated"], time_outs)  # CartPole's own both-flags steps too
     assert not batch["info", "bootstrap"].any()  # every row exact
     torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
     assert not torch.allclose(batch["next_value"][time_outs], batch["value"][time_outs])  # not V(s_t)
@@ -698,27 +776,89 @@ def test_rsl_rl_style_envs_bootstrap_time_outs_exactly_from_extras_final_obs(lay
 
 @pytest.mark.parametrize("beneath", ["buffers", "manager"])
 @pytest.mark.parametrize("bootstrap", [None, "last_obs", "none"])
-def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_terminations_read_from_the_env_beneath(
+def test_rsl_rl_style_steps_that_terminate_at_the_time_limit_are_exact_where_the_env_beneath_says_so(
     bootstrap, beneath
 ):
-    """dones and time_outs both set, where the env beneath says it terminated: no bootstrap, exact."""
+    """dones and time_outs both set, where the env beneath says it terminated: both flags, no bootstrap, exact."""
     env = RslRlCartPole(N, final_obs=bootstrap is None, declares=True, both=True, beneath=beneath)
     policy = GroupPolicy()
     keys = BatchKeys(info_keys=("bootstrap",), next_obs=True)
     batch = torch.cat(collect(FromRslRl(env, bootstrap=bootstrap), policy, seed=None, keys=keys))
     both = torch.stack(env.both_flags[: len(batch)])
-    expected, time_outs = _true_final_values(policy, env, len(batch))
+    expected, time_outs = _true_final_values(policy, env, len(batch))  # the time-outs that did not terminate
+    marks = batch["info", "bootstrap"]
     assert both.any() and time_outs.any()
-    assert batch["terminated"][both].all() and not batch["truncated"][both].any()
-    assert not batch["info", "bootstrap"][both].any()  # terminations: exact whatever bootstrap says
+    assert batch["terminated"][both].all() and torch.equal(batch["truncated"], time_outs | both)
+    assert not marks[both].any()  # terminations: exact whatever bootstrap says
     if bootstrap is None:
-        assert torch.equal(batch["truncated"], time_outs) and not batch["info", "bootstrap"].any()
+        assert not marks.any()
         torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
     elif bootstrap == "last_obs":
-        assert torch.equal(batch["truncated"], time_outs)
-        assert (batch["info", "bootstrap"][time_outs] == 1).all()
+        assert torch.equal(marks, time_outs.to(torch.int8))
     else:
-        assert torch.equal(batch["terminated"], batch["done"]) and (batch["info", "bootstrap"][time_outs] == 2).all()
+        assert torch.equal(batch["terminated"], batch["done"]) and torch.equal(marks, 2 * time_outs.to(torch.int8))
+
+
+def _check_advantages_without_bootstrap_at_terminations(batches: list[TensorDict], gae: GAE) -> None:
+    """Each batch's advantages against GAE's textbook loop in float64, in which a terminated row never bootstraps,
+    whatever its ``truncated`` says."""
+    for batch in batches:
+        reward, value, next_value = (batch[key].double() for key in ("reward", "value", "next_value"))
+        live, going_on = (~batch["terminated"]).double(), (~batch["done"]).double()
+        advantage, carry = torch.zeros_like(value), torch.zeros_like(value[0])
+        for t in reversed(range(len(batch))):
+            carry = (
+                reward[t]
+                + gae.gamma * live[t] * next_value[t]
+                - value[t]
+                + gae.gamma * gae.gae_lambda * going_on[t] * carry
+            )
+            advantage[t] = carry
+        torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
+
+
+# Torch envs whose terminations of even envs reach their time limit too, straight to the collector and through each
+# adapter; where each takes the next_value of an episode end from (its final observation, or the row's own value);
+# whether its time-outs end like terminations.
+BOTH_FLAGS = [
+    pytest.param(lambda: IsaacLabStyle(N, both=True), "final", False, id="torch-vector-env"),
+    pytest.param(lambda: FromIsaacLab(IsaacLabEnv(N)), "final", False, id="FromIsaacLab"),
+    pytest.param(
+        lambda: FromRslRl(RslRlCartPole(N, final_obs=True, declares=True, both=True)), "final", False, id="FromRslRl"
+    ),
+    pytest.param(
+        lambda: FromRslRl(RslRlCartPole(N, both=True), bootstrap="last_obs"), "own", False, id="FromRslRl-last_obs"
+    ),
+    pytest.param(lambda: FromRslRl(RslRlCartPole(N, both=True), bootstrap="none"), "own", True, id="FromRslRl-none"),
+    pytest.param(
+        lambda: FromRslRl(RslRlCartPole(N, layout="1.x", both=True, beneath="manager"), bootstrap="last_obs"),
+        "own",
+        False,
+        id="FromRslRl-1.x",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "next_value_from", "time_outs_terminate"), BOTH_FLAGS)
+def test_steps_that_terminate_at_the_time_limit_keep_both_flags_and_do_not_bootstrap(
+    make, next_value_from, time_outs_terminate
+):
+    """terminated and truncated, as the framework gives them; next_value as for any episode end, and GAE takes the
+    row as a termination."""
+    envs, policy, gae = make(), GroupPolicy(), GAE(gamma=0.9, gae_lambda=0.8)
+    env = getattr(envs, "env", envs)  # the torch env beneath the adapter
+    batches = collect(envs, policy, seed=None, gae=gae)
+    batch = torch.cat(batches)
+    both = torch.stack(env.both_flags[: len(batch)])
+    final_values, time_outs = _true_final_values(policy, env, len(batch))  # the time-outs that did not terminate
+    assert both.any() and time_outs.any()
+    assert torch.equal(batch["truncated"], time_outs | both)
+    terminated = batch["done"] if time_outs_terminate else batch["done"] & ~time_outs
+    assert torch.equal(batch["terminated"], terminated) and batch["terminated"][both].all()
+    expected = final_values if next_value_from == "final" else batch["value"]
+    done = batch["done"]
+    torch.testing.assert_close(batch["next_value"][done], expected[done])
+    _check_advantages_without_bootstrap_at_terminations(batches, gae)
 
 
 def test_rsl_rl_style_time_outs_that_may_have_terminated_are_marked_where_nothing_beneath_tells():
@@ -798,15 +938,16 @@ def test_rsl_rl_style_final_obs_in_another_structure_is_named():
 class IsaacLabStyle(VectorEnv):
     """CartPole stepped as Isaac Lab's own env: groups, same-step resets, extras["final_obs"] as a dict of groups."""
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, *, both: bool = False) -> None:
         self.envs = make_cartpole(num_envs, AutoresetMode.SAME_STEP)
-        self.num_envs, self.device = num_envs, self.envs.device
+        self.num_envs, self.device, self.both = num_envs, self.envs.device, both
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         box = self.envs.single_observation_space
         self.single_observation_space = gym.spaces.Dict({"policy": box, "critic": box})
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.single_action_space, self.action_space = self.envs.single_action_space, self.envs.action_space
         self.finals: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.both_flags: list[torch.Tensor] = []
 
     def reset(self, *, seed: Any = None, options: dict | None = None) -> tuple:
         obs, _ = self.envs.reset(seed=seed, options=options)
@@ -815,7 +956,10 @@ class IsaacLabStyle(VectorEnv):
     def step(self, actions: torch.Tensor) -> tuple:
         obs, reward, terminated, time_outs, infos = self.envs.step((actions[:, 0] > 0).long())
         final = infos["final_obs"]
-        self.finals.append((final.clone(), time_outs.clone()))
+        self.finals.append((final.clone(), time_outs & ~terminated))
+        if self.both:  # the terminations of even envs reach their time limit too
+            time_outs = time_outs | (terminated & (torch.arange(self.num_envs) % 2 == 0))
+        self.both_flags.append(terminated & time_outs)
         extras = {"final_obs": {"policy": final, "critic": 2 * final}, "log": {}}
         return {"policy": obs, "critic": 2 * obs}, reward, terminated, time_outs, extras
 
@@ -824,7 +968,7 @@ def test_gymnasium_style_isaac_lab_envs_bootstrap_time_outs_from_their_final_obs
     env, policy = IsaacLabStyle(N), GroupPolicy()
     batch = torch.cat(collect(env, policy))
     expected, time_outs = _true_final_values(policy, env, len(batch))
-    assert time_outs.any() and torch.equal(batch["truncated"], time_outs)
+    assert time_outs.any() and torch.equal(batch["truncated"] & ~batch["terminated"], time_outs)
     torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
 
 
@@ -866,7 +1010,7 @@ class IsaacLabEnv(gym.Env):
         self.finals.append((final.clone(), truncated & ~terminated))
         truncated = truncated | (terminated & (torch.arange(self.num_envs) % 2 == 0))
         self.both_flags.append(terminated & truncated)
-        self.flags_log.append((terminated.clone(), truncated & ~terminated))  # what the adapter returns
+        self.flags_log.append((terminated.clone(), truncated.clone()))  # what the adapter returns
         self.reset_terminated[:], self.reset_time_outs[:] = terminated, truncated
         if self.cfg.compute_final_obs:
             groups, previous = self.groups(final.clone()), self.extras.get("final_obs")
@@ -886,7 +1030,7 @@ class IsaacLabEnv(gym.Env):
     ],
 )
 def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their_final_obs(given):
-    """As they are: SAME_STEP, groups as a Dict, both flags set a termination, time-outs from extras["final_obs"]."""
+    """As they are: SAME_STEP, groups as a Dict, both flags kept, time-outs from extras["final_obs"]."""
     env, policy = IsaacLabEnv(N), GroupPolicy()
     options = dict(num_steps=T, device="cpu", seed=5, timeout=TIMEOUT, total_timesteps=4 * T * N)
     with Collector(given(env), policy, keys=BatchKeys(next_obs=True), **options) as collector:
@@ -896,7 +1040,7 @@ def test_isaac_lab_own_envs_are_vector_envs_whose_time_outs_bootstrap_from_their
     expected, time_outs = _true_final_values(policy, env, len(batch))
     both = torch.stack(env.both_flags[: len(batch)])
     assert time_outs.any() and both.any()
-    assert torch.equal(batch["truncated"], time_outs)
+    assert torch.equal(batch["truncated"], time_outs | both)
     assert torch.equal(batch["terminated"], batch["done"] & ~time_outs) and batch["terminated"][both].all()
     torch.testing.assert_close(batch["next_value"][time_outs], expected[time_outs])
     finals = torch.stack([final for final, _ in env.finals[: len(batch)]])

@@ -26,8 +26,8 @@ from _common import (
     as_same_step,
     check_rows_in_workers,
     check_same_step_rows,
+    check_values_and_gae,
     collect_lockstep,
-    gae_float64,
 )
 
 NUM_ENVS, STEPS = 16, 5
@@ -35,7 +35,8 @@ NUM_ENVS, STEPS = 16, 5
 # episodes end in the run.
 ENVS, NUM_STEPS, BATCHES, LIMIT = 4, 16, 2, 10
 # The linear agent lets the pendulum fall after 6 or 7 steps: at this limit some episodes terminate (one at the
-# limit itself, which is then terminated only), the others time out.
+# limit itself, which then has both flags where FromJax counts the limit, and is terminated only under Brax's
+# EpisodeWrapper), the others time out.
 PENDULUM_LIMIT = 6
 GAMMA, LAMBDA = 0.99, 0.95
 
@@ -127,9 +128,13 @@ def test_rows_match_what_the_env_returned(collected):
 def test_time_limit_and_flags(collected):
     case, _, batches, _, _ = collected
     limit = CASES[case][2]
+    own_limit = CASES[case][1] is None
     for batch in batches:
-        assert not bool((batch["terminated"] & batch["truncated"]).any()), "Brax's convention: one or the other"
         truncated = batch["truncated"]
+        if own_limit:
+            assert not bool((batch["terminated"] & truncated).any()), "EpisodeWrapper's convention: one or the other"
+        else:  # FromJax's own count, as gymnasium's TimeLimit: every step at the limit, terminated or not
+            assert torch.equal(truncated, batch["episode_length"] == limit)
         assert bool((batch["episode_length"][truncated] == limit).all())
         assert bool((batch["episode_length"][~batch["done"]] < limit).all())
         # a time-out's next_obs is the final observation, not the next episode's first
@@ -272,19 +277,6 @@ def test_playgrounds_rsl_rl_wrapper_through_from_rsl_rl():
             assert torch.equal(row["next_value"][time_outs], row["value"][time_outs]), f"{where}: V(s_t) reused"
             assert torch.equal(row["next_obs", "state"][~done], next_obs[~done]), where
             obs = next_obs
-        with torch.no_grad():
-            value = agent.get_value(batch["obs"])
-        torch.testing.assert_close(batch["value"], value, msg=lambda m, w=k: f"batch {w} value: {m}")
-        advantage, return_ = gae_float64(
-            batch["reward"],
-            value,
-            batch["next_value"],
-            batch["terminated"],
-            batch["truncated"],
-            gamma=GAMMA,
-            gae_lambda=LAMBDA,
-        )
-        torch.testing.assert_close(batch["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(batch["return"].double(), return_, rtol=1e-5, atol=1e-5)
+        check_values_and_gae(batch, agent, gamma=GAMMA, gae_lambda=LAMBDA, where=f"batch {k}")
     truncated = sum(int(batch["truncated"].sum()) for batch in batches)
     assert truncated == ENVS * (NUM_STEPS * BATCHES // LIMIT), "every episode of CartpoleBalance times out"

@@ -29,8 +29,8 @@ class FromIsaacLab(SameStepEnv):
     exactly from ``extras["final_obs"]``, the groups before the same-step reset,
     which Isaac Lab computes when ``compute_final_obs=True`` is set on the env
     config. A step that both terminated and timed out (an episode that fails at
-    the last step of its time limit: Isaac Lab returns both flags) is a
-    termination: ``terminated`` True, ``truncated`` False, no bootstrap.
+    the last step of its time limit) keeps both flags, as Isaac Lab returns
+    them; it does not bootstrap (a termination never does).
 
     The Collector applies it by itself to an Isaac Lab env (the env as
     ``gym.make`` returns it, inside gymnasium's wrappers, or its ``unwrapped``
@@ -79,7 +79,7 @@ class FromIsaacLab(SameStepEnv):
         obs, reward, terminated, truncated, extras = self.env.step(actions)
         # Isaac Lab's own flag buffers, written in place at its next step: copies
         terminated = terminated.to(torch.bool).clone()
-        truncated = truncated.to(torch.bool) & ~terminated  # both set: it terminated, no bootstrap
+        truncated = truncated.to(torch.bool).clone()
         infos = dict(extras)
         if "final_obs" in extras:  # dense over all envs; the rows of envs that did not end are never read
             infos["_final_obs"] = terminated | truncated

@@ -44,10 +44,14 @@ class FromJax(VectorEnv):
       counts each env's steps and times it out at ``max_episode_steps``, or,
       where that is ``None``, at a MuJoCo Playground env's
       ``config.episode_length``. An env with none of these raises
-      ``ValueError``. ``terminated = done & ~truncation`` and ``truncated =
+      ``ValueError``. With ``EpisodeWrapper``, whose ``done`` is set at its
+      time limit too, ``terminated = done & ~truncation`` and ``truncated =
       truncation``: a step that ends the episode by the env's own ``done`` at
-      the time limit is ``terminated`` only, as Brax's ``EpisodeWrapper``
-      says it.
+      the time limit is ``terminated`` only, as ``EpisodeWrapper`` says it.
+      Where the adapter counts, ``terminated = done`` and ``truncated`` is set
+      at the time limit whatever ``done`` says, as gymnasium's ``TimeLimit``
+      does: a step that terminates at the time limit has both flags (and does
+      not bootstrap).
     - **Autoreset** (``autoreset_mode``, also in ``metadata``):
 
       - ``SAME_STEP`` (the default): an env whose episode ends is reset within
@@ -197,11 +201,12 @@ class FromJax(VectorEnv):
         states = self._jax.vmap(self.env.step)(states, action)
         steps = steps + 1
         done = states.done > 0
-        if self.own_time_limit:
+        if self.own_time_limit:  # EpisodeWrapper's done includes its time-outs; its truncation excludes terminations
             truncated = states.info["truncation"] > 0
+            terminated = done & ~truncated
         else:
-            truncated = (steps >= self.max_episode_steps) & ~done
-        terminated = done & ~truncated
+            truncated = steps >= self.max_episode_steps
+            terminated = done
         out = {"terminated": terminated, "truncated": truncated}  # the reward: in the states (DISABLED)
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
             ended = terminated | truncated

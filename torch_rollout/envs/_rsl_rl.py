@@ -25,9 +25,11 @@ BOOTSTRAPS = ("final_obs", "last_obs", "none")
 class FromRslRl(VectorEnv):
     """An rsl_rl-style vector env presented as a gymnasium vector env of torch tensors, for the Collector.
 
-    rsl_rl's ``VecEnv`` (Isaac Lab's ``RslRlVecEnvWrapper``, Genesis and mjlab
-    examples) steps as ``step(actions) -> (obs, rewards, dones, extras)`` with
-    ``extras["time_outs"]`` and resets ended envs inside ``step``: the observation
+    rsl_rl's ``VecEnv`` (Isaac Lab's ``RslRlVecEnvWrapper``, mjlab's) steps as
+    ``step(actions) -> (obs, rewards, dones, extras)``, rsl_rl 1.x's (legged_gym
+    and the envs written after it, Genesis's locomotion examples) as
+    ``step(actions) -> (obs, privileged_obs, rewards, dones, extras)``, with
+    ``extras["time_outs"]``, and resets ended envs inside ``step``: the observation
     it returns at an episode end is already the next episode's. A terminated step
     needs no final observation (it does not bootstrap); a time-out does, and
     ``bootstrap`` says where it comes from:
@@ -43,42 +45,49 @@ class FromRslRl(VectorEnv):
       rows whose ``next_value`` is this approximation: the row's own ``value``,
       reused (not recomputed), so ``next_value == value`` there exactly.
     - ``"none"``: a time-out ends the episode like a termination (``terminated``
-      True, no bootstrap), biasing returns near the time limit down.
+      True, no bootstrap; ``truncated`` stays True), biasing returns near the
+      time limit down.
 
     A step whose extras hold ``"final_obs"`` bootstraps its time-outs from it
     whatever ``bootstrap`` says: ``"last_obs"`` and ``"none"`` only say what to do
     with a time-out whose final observation the env does not give. Without a
     final observation and without ``bootstrap`` the constructor raises.
 
+    ``truncated`` is ``time_outs`` as the env gives it (where ``dones`` is set).
     A step can end an episode that both terminated and reached its time limit:
     Isaac Lab's ``RslRlVecEnvWrapper`` passes it as ``dones`` and ``time_outs``
-    both set, a time-out, though it must not bootstrap. Where the env beneath the
-    wrapper is reachable (its ``unwrapped`` env keeps Isaac Lab's
+    both set, like a plain time-out, though it must not bootstrap. Where the env
+    beneath the wrapper is reachable (its ``unwrapped`` env keeps Isaac Lab's
     ``reset_terminated`` and ``reset_time_outs``, or a ``termination_manager`` with
-    ``terminated`` and ``time_outs``), such a row is ``terminated``, not a time-out:
-    ``terminated = dones & terminated beneath``, ``truncated = time_outs & ~terminated
-    beneath``. Where it is not, every time-out may have terminated too.
+    ``terminated`` and ``time_outs``), such a row has both flags, ``terminated``
+    and ``truncated``, and does not bootstrap: ``terminated = dones & (~time_outs |
+    terminated beneath)``. Where it is not, ``terminated = dones & ~time_outs``,
+    and every time-out may have terminated too.
 
     Each row says what it got: ``infos["bootstrap"]`` is ``0`` where the row is
-    exact (no time-out, or a time-out bootstrapped from ``extras["final_obs"]``
-    that the env beneath says did not terminate), ``1`` where a time-out
-    bootstrapped from V(s_t), ``2`` where a time-out was not bootstrapped, ``3``
-    where a time-out bootstrapped from ``extras["final_obs"]`` may also have
-    terminated (the env cannot tell: no env beneath to ask); keep it with
-    ``BatchKeys(info_keys=("bootstrap",))``.
+    exact (no time-out, a time-out that the env beneath says terminated too, or a
+    time-out bootstrapped from ``extras["final_obs"]`` that the env beneath says
+    did not terminate), ``1`` where a time-out bootstrapped from V(s_t), ``2``
+    where a time-out was not bootstrapped, ``3`` where a time-out bootstrapped
+    from ``extras["final_obs"]`` may also have terminated (the env cannot tell:
+    no env beneath to ask); keep it with ``BatchKeys(info_keys=("bootstrap",))``.
 
     Observation groups become a Dict observation: rsl_rl 3.x's TensorDict (or
     dict) such as ``{"policy": ..., "critic": ...}``, and rsl_rl 2.x's layout (the
     policy observation as a tensor, the other groups in
     ``extras["observations"]`` of ``get_observations()`` and of every step), whose
-    policy tensor becomes the ``"policy"`` group. rsl_rl 1.x envs (``step``
-    returning privileged observations as a fifth value) are refused. The env
+    policy tensor becomes the ``"policy"`` group; and rsl_rl 1.x's, whose
+    ``get_observations()`` and ``step`` give the policy observation as a tensor
+    and whose ``get_privileged_observations()`` and ``step`` give the privileged
+    observations or ``None``: the groups ``"policy"`` and ``"critic"`` (the
+    privileged ones), or the policy tensor alone where they are ``None``. The env
     steps in SAME_STEP autoreset mode. Seed the wrapped env when you create it:
     ``reset(seed=...)`` is refused.
 
     Args:
         env: an object with ``num_envs``, ``num_actions``, ``get_observations()``
-            and ``step(actions)`` as above (``reset()`` is called too where it
+            (and, for rsl_rl 1.x, ``get_privileged_observations()``) and
+            ``step(actions)`` as above (``reset()`` is called too where it
             exists), and ``device``: where it lacks one (MuJoCo Playground's
             ``RSLRLBraxWrapper`` on a CPU), the device of the tensors of
             ``get_observations()``.
@@ -125,6 +134,8 @@ class FromRslRl(VectorEnv):
 
     def _observe(self) -> Tensor | dict[str, Tensor]:
         got = self.env.get_observations()
+        if isinstance(got, Tensor) and callable(getattr(self.env, "get_privileged_observations", None)):
+            return _groups_1x(got, self.env.get_privileged_observations())  # rsl_rl 1.x
         obs, extras = got if isinstance(got, tuple) else (got, {})  # rsl_rl 2.x: (obs, extras)
         return _groups(obs, extras)
 
@@ -144,38 +155,48 @@ class FromRslRl(VectorEnv):
 
     def step(self, actions: Tensor) -> tuple[Any, Tensor, Tensor, Tensor, dict[str, Any]]:
         result = self.env.step(actions)
-        if len(result) != 4:
+        if len(result) == 4:
+            obs, rewards, dones, extras = result
+            obs = self._check_groups(
+                _groups(obs, extras),
+                "an rsl_rl 2.x env must put its other groups in extras['observations'] at every step",
+            )
+        elif len(result) == 5:  # rsl_rl 1.x
+            obs, privileged, rewards, dones, extras = result
+            obs = self._check_groups(
+                _groups_1x(obs, privileged),
+                "an rsl_rl 1.x env must give privileged observations at every step or at none, and from "
+                "get_privileged_observations() too",
+            )
+        else:
             raise ValueError(
                 f"FromRslRl.step: env.step() returned {len(result)} values, expected 4, (obs, rewards, dones, "
-                "extras) as rsl_rl 2.x and later step; rsl_rl 1.x's (obs, privileged_obs, rewards, dones, infos) "
-                "is not supported: put the privileged observations in extras['observations']['critic'] (rsl_rl "
-                "2.x) or return a TensorDict of groups (rsl_rl 3.x)"
+                "extras) as rsl_rl 2.x and later step, or 5, (obs, privileged_obs, rewards, dones, extras) as rsl_rl "
+                "1.x steps; wrap the env so that its step returns one of these"
             )
-        obs, rewards, dones, extras = result
-        obs = self._check_groups(_groups(obs, extras))
         dones = dones.to(torch.bool)
         time_outs = extras.get("time_outs")
         time_outs = torch.zeros_like(dones) if time_outs is None else time_outs.to(torch.bool) & dones
+        terminated = dones & ~time_outs
         # A step that terminated at its time limit reaches rsl_rl as a time-out: the env beneath says which it was
         terminated_beneath = None if self._terminated_beneath is None else self._terminated_beneath()
         if terminated_beneath is not None:
-            time_outs = time_outs & ~terminated_beneath.to(device=dones.device, dtype=torch.bool)
+            terminated = terminated | (time_outs & terminated_beneath.to(device=dones.device, dtype=torch.bool))
+        bootstraps = time_outs & ~terminated  # the time-outs known not to have terminated, or not known to have
         final = extras.get("final_obs")
         if final is not None:
             final = self._read_final(final)
         infos: dict[str, Any] = {}
         if final is not None or self.bootstrap == "final_obs":
-            terminated, truncated = dones & ~time_outs, time_outs
             marks = torch.zeros_like(dones, dtype=torch.int8)
             if terminated_beneath is None:  # a time-out that may have terminated too: the env cannot tell
                 marks = time_outs.to(torch.int8) * 3
         else:  # the episodes end on the observation they acted on: V(s_t), their own value, reused
             if self.bootstrap == "last_obs":
-                terminated, truncated = dones & ~time_outs, time_outs
-                marks = time_outs.to(torch.int8)
+                marks = bootstraps.to(torch.int8)
             else:
-                terminated, truncated = dones, torch.zeros_like(dones)
-                marks = time_outs.to(torch.int8) * 2
+                terminated = dones
+                marks = bootstraps.to(torch.int8) * 2
             infos[OWN_FINAL_KEY] = dones
         infos["bootstrap"], infos["_bootstrap"] = marks, torch.ones_like(dones)
         # Rows of envs that did not end are never read. No final observation at all ("final_obs" without it
@@ -183,15 +204,15 @@ class FromRslRl(VectorEnv):
         if final is not None:
             infos["final_obs"], infos["_final_obs"] = final, dones
         self.obs = obs
-        return obs, rewards.to(torch.float32), terminated, truncated, infos
+        return obs, rewards.to(torch.float32), terminated, time_outs, infos
 
-    def _check_groups(self, obs: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+    def _check_groups(self, obs: Tensor | dict[str, Tensor], fix: str) -> Tensor | dict[str, Tensor]:
         """The step's observation groups, which must be those of ``get_observations()``."""
         expected, got = _names(self.obs), _names(obs)
         if got != expected:
             raise ValueError(
                 f"FromRslRl.step: env.step() returned {got} as its observation, but get_observations() gave "
-                f"{expected}; an rsl_rl 2.x env must put its other groups in extras['observations'] at every step"
+                f"{expected}; {fix}"
             )
         return obs
 
@@ -226,6 +247,11 @@ def _groups(obs: Any, extras: Any) -> Tensor | dict[str, Tensor]:
     if others:  # rsl_rl 2.x: the policy observation as a tensor, the other groups in extras["observations"]
         return {"policy": obs, **{key: value for key, value in others.items() if key != "policy"}}
     return obs
+
+
+def _groups_1x(obs: Any, privileged: Any) -> Tensor | dict[str, Tensor]:
+    """rsl_rl 1.x's observations: the policy tensor, with the privileged ones as the ``"critic"`` group unless None."""
+    return obs if privileged is None else {"policy": obs, "critic": privileged}
 
 
 def _device_of(env: Any, obs: Tensor | dict[str, Tensor]) -> torch.device:
