@@ -182,7 +182,7 @@ def test_rows_match_what_mjlab_returned(task, through):
     if task == "cartpole":
         assert sum(int(batch["terminated"].sum()) for batch in batches) >= 4, "too few terminations to check"
         both = sum(int((call[4] & call[5]).sum()) for call in env.calls if call[0] == "step")
-        assert both >= 1, "no step that both terminated and timed out"  # a termination in the batch
+        assert both >= 1, "no step that both terminated and timed out"  # both flags in the batch (check_rows)
 
 
 def test_rows_collected_a_batch_ahead():

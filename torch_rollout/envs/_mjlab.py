@@ -33,8 +33,8 @@ class FromMjlab(SameStepEnv):
     The envs that did not end keep the observation that mjlab's step returned
     (mjlab's reset recomputes every env's observation, and draws observation
     noise anew); the envs that ended get the one of their reset. A step that
-    both terminated and timed out is a termination (``terminated`` True,
-    ``truncated`` False, no bootstrap). Where ``cfg.is_finite_horizon`` is True
+    both terminated and timed out keeps both flags, as mjlab gave them; it is a
+    termination for the values (no bootstrap). Where ``cfg.is_finite_horizon`` is True
     the time limit ends the task: a time-out is ``terminated``, as mjlab's own
     rsl_rl wrapper reports it then. ``reset(seed=...)`` reaches mjlab's own
     ``reset``, which seeds the process's global RNGs (Python's, NumPy's, torch's
@@ -89,7 +89,7 @@ class FromMjlab(SameStepEnv):
         if self.env.cfg.is_finite_horizon:  # the time limit ends the task: no bootstrap
             terminated, truncated = terminated | time_outs, torch.zeros_like(time_outs)
         else:
-            terminated, truncated = terminated.clone(), time_outs & ~terminated
+            terminated, truncated = terminated.clone(), time_outs.clone()
         done = terminated | truncated
         # mjlab's reset takes env indices: a wait for the device, as mjlab's own step makes one for its auto-reset
         ended = done.nonzero().squeeze(-1)
