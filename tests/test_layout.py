@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "torch_rollout"
 # The public face: the only modules at the package's root
-FACE = {"__init__.py", "__main__.py", "collector.py", "gae.py", "tuning.py"}
+FACE = {"__init__.py", "__main__.py", "collector.py", "gae.py", "replay.py", "tuning.py"}
 # Each layer and the layers it may import (its own modules always), from the top down
 LAYERS = {
     "placements": {"loop", "envs", "util", "gae"},

@@ -13,6 +13,7 @@ from torch_rollout.loop._stats import Stats, WorkerStats
 from torch_rollout.placements import _forkserver
 from torch_rollout.placements._backends import Processes, Ray, Thread
 from torch_rollout.placements._env_calls import EnvCalls
+from torch_rollout.replay import ReplayRing
 from torch_rollout.tuning import tune
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "EnvCalls",
     "Processes",
     "Ray",
+    "ReplayRing",
     "Seed",
     "Stats",
     "Thread",

@@ -1,0 +1,135 @@
+"""ReplayRing: a collector's rows written straight into a ring, exactly the real rows its batches hold.
+
+Twin collectors with the same seeds, one iterated as usual and one filling a ring: the ring must hold
+the batches' real rows (``mask`` True) in the order ``t * num_envs + env``, around the ring's end too,
+in every placement, autoreset mode and env kind.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+from tensordict import TensorDict
+
+from torch_rollout import BatchKeys, Collector, ReplayRing
+from torch_rollout.envs import CartPole
+
+from counting_env import TransitionCountingPolicy, counting_vec
+from placements import PLACEMENTS, envs_for
+from reliability_envs import AUTORESET_MODES
+
+N, T, BATCHES = 3, 7, 6
+KEYS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "episode_length")
+
+
+def twin(placement, make_envs, **kwargs):
+    envs, extra = envs_for(placement, make_envs, N)
+    kwargs = {
+        "num_steps": T,
+        "total_timesteps": BATCHES * T * N,
+        "keys": BatchKeys(next_obs=True),
+        "seed": 3,
+        "gae": None,
+        "device": "cpu",
+        "timeout": 60.0,
+        **placement,
+        **extra,
+        **kwargs,
+    }
+    return Collector(envs, TransitionCountingPolicy(), **kwargs)
+
+
+def real_rows(batches: list[TensorDict]) -> TensorDict:
+    """Every batch's rows in the order ``t * N + env``, the rows with ``mask`` False left out."""
+    rows = torch.cat([batch.reshape(-1) for batch in batches])
+    return rows[rows["mask"]].select(*KEYS)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda mode: mode.value)
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_the_ring_holds_the_real_rows_of_the_batches(placement, mode):
+    make_envs = partial(counting_vec, mode=mode)
+    with twin(placement, make_envs) as collector:
+        expected = real_rows(list(collector))
+    capacity = len(expected) - 5  # the last batch wraps around the ring's end
+    ring = ReplayRing(capacity, KEYS)
+    with twin(placement, make_envs) as collector:
+        written = list(ring.fill(collector))
+    assert sum(written) == len(expected) and len(ring) == capacity
+    if mode != AutoresetMode.NEXT_STEP:
+        assert written == [T * N] * BATCHES  # no reset rows to leave out
+    held = ring.rows()
+    for key in KEYS:
+        assert torch.equal(held[key], expected[key][-capacity:]), key
+    assert ring.position == len(expected) % capacity
+
+
+def test_a_prefetching_collector_and_torch_envs_fill_the_ring_as_their_batches():
+    def make():
+        envs = CartPole(8, autoreset_mode=AutoresetMode.SAME_STEP)
+        return Collector(
+            envs,
+            _PushLeft(),
+            num_steps=4,
+            total_timesteps=8 * 4 * 9,
+            gae=None,
+            keys=BatchKeys(next_obs=True),
+            seed=1,
+            prefetch=1,
+            backend="thread",
+            device="cpu",
+        )
+
+    with make() as collector:
+        expected = torch.cat([batch.reshape(-1).select(*KEYS) for batch in collector])
+    ring = ReplayRing(1000, KEYS)
+    with make() as collector:
+        assert list(ring.fill(collector)) == [32] * 9
+    held = ring.rows()
+    assert len(held) == len(expected) == 288
+    for key in KEYS:
+        assert torch.equal(held[key], expected[key]), key
+    assert held["terminated"].any()  # episodes ended inside: their next_obs are final observations
+    assert torch.equal(held["next_obs"][:-8][~held["terminated"][:-8]], held["obs"][8:][~held["terminated"][:-8]])
+
+
+class _PushLeft(torch.nn.Module):
+    """Always pushes the cart left: the pole falls within a dozen steps."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": torch.zeros(obs.shape[0], dtype=torch.long)}
+
+
+def test_write_takes_a_batch_the_trainer_iterated():
+    with twin({"backend": "thread"}, counting_vec) as collector:
+        batches = list(collector)
+    ring = ReplayRing(10_000, ("obs", "next_obs"))
+    assert [ring.write(batch) for batch in batches] == [int(batch["mask"].sum()) for batch in batches]
+    expected = real_rows(batches)
+    assert torch.equal(ring.rows()["next_obs"], expected["next_obs"])
+    sample = ring.sample(64, generator=torch.Generator().manual_seed(0))
+    index = torch.randint(len(ring), (64,), generator=torch.Generator().manual_seed(0))
+    assert sample.batch_size == (64,) and torch.equal(sample["obs"], expected["obs"][index])
+
+
+def test_ring_errors_name_the_argument_and_the_fix():
+    with pytest.raises(ValueError, match=r"capacity must be a positive int, got 0"):
+        ReplayRing(0)
+    with pytest.raises(TypeError, match=r"got the string 'obs'; pass keys=\('obs',\)"):
+        ReplayRing(10, keys="obs")
+    with pytest.raises(RuntimeError, match=r"the ring is empty"):
+        ReplayRing(10).sample(4)
+    with twin({"backend": "thread"}, counting_vec, keys=BatchKeys()) as collector:
+        batch = next(iter(collector))
+    with pytest.raises(KeyError, match=r"no key 'next_obs' \(pass keys=BatchKeys\(next_obs=True\) to the Collector\)"):
+        ReplayRing(100).write(batch)
+    with pytest.raises(ValueError, match=r"capacity=5 is smaller than one batch's 21 rows"):
+        ReplayRing(5, ("obs",)).write(batch)
+    ring = ReplayRing(100, ("obs",))
+    ring.write(batch)
+    with pytest.raises(ValueError, match=r"'obs' has rows of shape \(2,\), the ring's \(4,\)"):
+        ring.write(TensorDict({"obs": torch.zeros(3, 2), "mask": torch.ones(3, dtype=torch.bool)}, [3]))

@@ -1,0 +1,167 @@
+"""A replay ring that the collector writes each batch's transitions into: no batch handed to the trainer.
+
+Off-policy learners (DQN, SAC, TD3, FastTD3) keep their transitions in a preallocated ring of tensors
+and sample minibatches from it. :class:`ReplayRing` is that ring; :meth:`ReplayRing.fill` iterates a
+collector and copies each batch's real rows into it (one copy per key, in global env order, on the
+ring's device), so the training loop sees only the ring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from gymnasium.vector import AutoresetMode
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["ReplayRing"]
+
+DEFAULT_KEYS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
+class ReplayRing:
+    """``capacity`` transitions in preallocated tensors on ``device``, overwritten oldest first.
+
+    Args:
+        capacity: rows the ring holds; at least one batch's rows (``num_steps * num_envs``).
+        keys: the batch keys kept (a nested observation's key keeps its whole TensorDict). The
+            default is a Q-learner's transition; ``next_obs`` needs ``keys=BatchKeys(next_obs=True)``
+            in the collector.
+        device: where the ring lives (a batch on another device is copied over).
+
+    The storage is allocated at the first write, from that batch's dtypes and shapes. Rows are
+    written in the order ``t * num_envs + env``: row ``t`` of every env, then row ``t + 1``. Rows
+    with ``mask`` False (the reset rows of NEXT_STEP envs, which are no transition) are left out.
+
+    Example::
+
+        ring = ReplayRing(100_000)
+        for written in ring.fill(collector):  # each batch's rows into the ring
+            minibatch = ring.sample(256)      # a TensorDict [256] of the keys
+    """
+
+    def __init__(self, capacity: int, keys: Iterable[str] = DEFAULT_KEYS, *, device: torch.device | str = "cpu"):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"ReplayRing: capacity must be a positive int, got {capacity!r}")
+        if isinstance(keys, str):
+            raise TypeError(
+                f"ReplayRing: keys must be a sequence of batch keys, got the string {keys!r}; pass keys=({keys!r},)"
+            )
+        self.keys = tuple(keys)
+        if not self.keys or not all(isinstance(key, str) for key in self.keys):
+            raise ValueError(f"ReplayRing: keys must be a non-empty sequence of batch keys (str), got {keys!r}")
+        self.capacity = capacity
+        self.device = torch.device(device)
+        # Into a ring on the GPU, copies queue on the stream; into host memory they complete before the next line.
+        self._non_blocking = self.device.type == "cuda"
+        self.storage: TensorDict | None = None  # [capacity], allocated at the first write
+        self.position = 0  # the row the next write starts at
+        self.size = 0  # rows held
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"ReplayRing(capacity={self.capacity}, keys={self.keys}, device={str(self.device)!r}, size={self.size})"
+
+    def fill(self, collector: Iterable[TensorDictBase]) -> Iterator[int]:
+        """Iterates ``collector``, writes each batch's real rows into the ring and yields how many it wrote.
+
+        The batch itself is let go of at once: the collector's rows are free to be written again, and
+        the trainer holds nothing but the ring.
+        """
+        for batch in collector:
+            written = self._write(batch, every_row=_no_reset_rows(collector, batch))
+            del batch
+            yield written
+
+    def write(self, batch: TensorDictBase) -> int:
+        """Writes the real rows (``mask`` True) of a ``[num_steps, num_envs]`` batch; returns how many."""
+        return self._write(batch, every_row=False)
+
+    def _write(self, batch: TensorDictBase, every_row: bool) -> int:
+        rows, dims = batch.batch_size.numel(), batch.batch_dims
+        if rows > self.capacity:
+            raise ValueError(
+                f"ReplayRing: capacity={self.capacity} is smaller than one batch's {rows} rows; "
+                "give it at least num_steps * num_envs rows"
+            )
+        # [rows, ...] in the order t * num_envs + env: views of the batch's entries
+        leaves = {key: _flat(self._entry(batch, key), rows, dims) for key in self.keys}
+        if not every_row and "mask" in batch.keys():
+            mask = batch.get("mask").reshape(-1)
+            if not bool(mask.all()):
+                index = mask.nonzero().squeeze(1)
+                return self._put({key: value[index] for key, value in leaves.items()}, len(index))
+        return self._put(leaves, rows)
+
+    def _entry(self, batch: TensorDictBase, key: str) -> Any:
+        value = batch.get(key, None)
+        if value is None:
+            fix = " (pass keys=BatchKeys(next_obs=True) to the Collector)" if key.startswith("next_") else ""
+            raise KeyError(
+                f"ReplayRing: the batch has no key {key!r}{fix}; its keys are {sorted(map(str, batch.keys()))}, "
+                f"the ring keeps {list(self.keys)}"
+            )
+        return value
+
+    def _put(self, leaves: dict[str, Any], n: int) -> int:
+        if self.storage is None:
+            self.storage = self._allocate(leaves)
+        start, capacity = self.position, self.capacity
+        first = min(n, capacity - start)
+        storage = self.storage
+        for key, value in leaves.items():
+            kept = storage.get(key)
+            if value.shape[1:] != kept.shape[1:]:
+                raise ValueError(
+                    f"ReplayRing: batch key {key!r} has rows of shape {tuple(value.shape[1:])}, the ring's "
+                    f"{tuple(kept.shape[1:])} (set by its first batch); a ring keeps one shape"
+                )
+            kept[start : start + first].copy_(value[:first], non_blocking=self._non_blocking)
+            if first < n:  # around the ring's end
+                kept[: n - first].copy_(value[first:], non_blocking=self._non_blocking)
+        self.position = (start + n) % capacity
+        self.size = min(self.size + n, capacity)
+        return n
+
+    def _allocate(self, leaves: dict[str, Any]) -> TensorDict:
+        entries: dict[str, Any] = {}
+        for key, value in leaves.items():
+            if isinstance(value, TensorDictBase):
+                entries[key] = value[:1].to(self.device).expand(self.capacity).clone()
+            else:
+                entries[key] = torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype, device=self.device)
+        return TensorDict(entries, batch_size=[self.capacity], device=self.device)
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
+        """``batch_size`` rows drawn uniformly (with replacement) from those held, as a TensorDict."""
+        if self.storage is None or self.size == 0:
+            raise RuntimeError("ReplayRing.sample: the ring is empty; fill it from a collector first")
+        index = torch.randint(self.size, (batch_size,), device=self.device, generator=generator)
+        return self.storage[index]
+
+    def rows(self) -> TensorDict:
+        """The rows held, oldest first (a copy once the ring has wrapped around)."""
+        if self.storage is None:
+            raise RuntimeError("ReplayRing.rows: the ring is empty; fill it from a collector first")
+        if self.size < self.capacity:
+            return self.storage[: self.size]
+        return torch.cat([self.storage[self.position :], self.storage[: self.position]])
+
+
+def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:
+    """Whether every row of ``batch`` is a transition, known without reading its mask back from the GPU.
+
+    Envs in SAME_STEP and DISABLED modes make no reset rows; on the CPU the mask itself is read (it costs less
+    than a lookup of the mode in a worker's report).
+    """
+    device = batch.device
+    if device is None or device.type == "cpu":
+        return False
+    return getattr(collector, "autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP
+
+
+def _flat(value: Any, rows: int, dims: int) -> Any:
+    return value.reshape(rows) if isinstance(value, TensorDictBase) else value.reshape(rows, *value.shape[dims:])
