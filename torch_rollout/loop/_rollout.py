@@ -404,7 +404,7 @@ class RolloutLoop:
         own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
         if self.next_obs_key is not None:
             next_obs, obs = head.entry(batch, self.next_obs_key), head.entry(batch, self.obs_key)
-            last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device)
+            last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device, copy=False)
             write_next(next_obs, obs, last, finals, dense, own)
         key = self.outputs.value_key
         if key is not None:  # the policy returns values
@@ -416,17 +416,18 @@ class RolloutLoop:
             self.account.policy += perf_counter() - began
         return batch
 
-    def _waiting_obs(self, device: torch.device) -> Obs:
+    def _waiting_obs(self, device: torch.device, *, copy: bool = True) -> Obs:
         """The observations the next batch starts with, as stored (float64 as float32), on ``device``.
 
         A copy in torch's memory, as every row the policy is called on: a CPU kernel's last bits can depend on
         where its input starts (MKL's AVX-512 ones), and the env's array lies wherever its allocator put it, so
-        a bootstrap on it would make two runs with the same seeds differ.
+        a bootstrap on it would make two runs with the same seeds differ. ``copy=False``: on the host, a view
+        of the env's array where it can be one (for a copy into the batch's next observations).
         """
         assert self.waiting is not None  # reset: observations to act on
         obs = self.waiting.obs
         if not self.on_device:
-            return obs_to_tensor(self.obs_space, obs, device, copy=True)
+            return obs_to_tensor(self.obs_space, obs, device, copy=copy)
         stored = empty_obs(self.obs_space, (self.num_envs,), device=device)
         copy_into(stored, obs)
         return stored
