@@ -14,7 +14,8 @@ simulator), with a 64x64 Q-network acting greedily, every system writes the same
 - ``Collector(envs, q, num_steps=T, gae=None, keys=BatchKeys(next_obs=True), backend="thread")``
   with ``prefetch=0`` and ``prefetch=1``, the ring's five keys of each batch (``batch[key].flatten(0, 1)``)
   written into the ring; and with ``prefetch=0`` once more through ``batch.reshape(-1)`` (every key
-  of the batch reshaped, then the five written), the cost of that idiom at these shapes;
+  of the batch reshaped, then the five written), the cost of that idiom at these shapes; and with
+  ``prefetch=0`` writing its rows into a ``torch_rollout.ReplayRing`` itself (``ring.fill(collector)``);
 - TorchRL's ``Collector`` (``frames_per_batch=N*T``) feeding its ``ReplayBuffer``
   (``LazyTensorStorage``) with ``extend``, on the same envs (the NumPy envs through ``GymWrapper``,
   the torch envs through the ``EnvBase`` adapter of ``torch_envs.py``), if torchrl is installed;
@@ -24,11 +25,13 @@ simulator), with a 64x64 Q-network acting greedily, every system writes the same
 Systems run interleaved (A B C ... A B C), each built afresh per repeat; frames are env steps x N,
 medians over the repeats; ratios are to the hand loop. Everything runs once with one torch
 thread and once with torch's default thread count. The script prints Markdown tables ready for
-docs/performance.md and writes ``results/offpolicy.json`` (``offpolicy_quick.json`` with ``--quick``).
+docs/performance.md and writes ``results/offpolicy.json`` (``offpolicy_quick.json`` with ``--quick``;
+``offpolicy_gym.json`` with ``--kinds gym``).
 
 Usage::
 
-    benchmarks/.venv/bin/python benchmarks/offpolicy.py [--quick] [--repeats R] [--units U] [--device cuda]
+    benchmarks/.venv/bin/python benchmarks/offpolicy.py [--quick] [--repeats R] [--units U] [--kinds gym,torch]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -175,6 +178,22 @@ class Collecting:
         self.envs.close()
 
 
+class Filling(Collecting):
+    """The collector writing its rows into a ``torch_rollout.ReplayRing`` itself (``ring.fill(collector)``)."""
+
+    def __init__(self, shape: _Shape) -> None:
+        from torch_rollout import ReplayRing
+
+        super().__init__(shape, 0)
+        self.replay = ReplayRing(self.ring.capacity, RING_KEYS, device=shape.device)
+        self.written = self.replay.fill(self.collector)
+
+    def step(self) -> int:
+        for _ in range(self.shape.batches):
+            next(self.written)
+        return self.shape.done()
+
+
 class TorchRL:
     """TorchRL's ``Collector`` feeding its ``ReplayBuffer`` (``LazyTensorStorage``) with ``extend``."""
 
@@ -236,6 +255,7 @@ def factories(
         "collector, prefetch=0": functools.partial(Collecting, shape, 0),
         "collector, prefetch=1": functools.partial(Collecting, shape, 1),
         "collector, prefetch=0, batch.reshape(-1)": functools.partial(Collecting, shape, 0, True),
+        "ReplayRing.fill(collector), prefetch=0": functools.partial(Filling, shape),
     }
     if torchrl and has("torchrl") and shape.device.type == "cpu":
         systems["TorchRL Collector + ReplayBuffer"] = functools.partial(TorchRL, shape)
@@ -277,6 +297,7 @@ def to_markdown(results: list[dict[str, Any]]) -> str:
         "collector, prefetch=0",
         "collector, prefetch=1",
         "collector, prefetch=0, batch.reshape(-1)",
+        "ReplayRing.fill(collector), prefetch=0",
         "TorchRL Collector + ReplayBuffer",
         "env alone",
         "policy alone",
@@ -285,7 +306,7 @@ def to_markdown(results: list[dict[str, Any]]) -> str:
     rows = []
     for result in results:
         medians, ratios = result["medians"], result["ratios"]
-        best = max(ratios["collector, prefetch=0"], ratios["collector, prefetch=1"])
+        best = max(ratios[c] for c in columns[1:5] if c in ratios and "reshape" not in c)
         cells = [
             "-"
             if c not in medians
@@ -306,6 +327,7 @@ def main() -> None:
     parser.add_argument(
         "--units", type=int, default=None, help=f"timed units of >= {FRAMES_PER_UNIT} frames (default 4; 2 quick)"
     )
+    parser.add_argument("--kinds", default="gym,torch", help="the env kinds whose shapes run (gym, torch or both)")
     parser.add_argument("--device", default="cpu", help="where the torch envs, policy and ring live (cuda: torch only)")
     args = parser.parse_args()
     quiet_warnings()
@@ -313,7 +335,8 @@ def main() -> None:
     os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
     repeats = args.repeats or (1 if args.quick else 3)
     units = args.units or (2 if args.quick else 4)
-    shapes = [s for s in SHAPES if args.device == "cpu" or s[0] == "torch"]
+    kinds = args.kinds.split(",")
+    shapes = [s for s in SHAPES if s[0] in kinds and (args.device == "cpu" or s[0] == "torch")]
     default_threads = torch.get_num_threads()
     thread_settings = [1] if args.quick or default_threads == 1 else [1, default_threads]
     log = functools.partial(print, file=sys.stderr)  # stdout: the Markdown tables only
@@ -333,7 +356,8 @@ def main() -> None:
         )
         print(to_markdown(results), flush=True)
         payload["load_average_1m"] = [load_start, os.getloadavg()[0]]
-        path = write_json("offpolicy_quick" if args.quick else "offpolicy", payload)  # kept after each setting
+        name = "offpolicy" + ("" if kinds == ["gym", "torch"] else "_" + "_".join(kinds))
+        path = write_json(name + ("_quick" if args.quick else ""), payload)  # kept after each setting
     load_end = payload["load_average_1m"][1]
     machine = payload["machine"]
     print(
