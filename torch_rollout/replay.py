@@ -15,6 +15,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 
+from torch_rollout.util._devices import copy_into
+
 __all__ = ["ReplayRing"]
 
 DEFAULT_KEYS = ("obs", "action", "reward", "next_obs", "terminated")
@@ -53,8 +55,6 @@ class ReplayRing:
             raise ValueError(f"ReplayRing: keys must be a non-empty sequence of batch keys (str), got {keys!r}")
         self.capacity = capacity
         self.device = torch.device(device)
-        # Into a ring on the GPU, copies queue on the stream; into host memory they complete before the next line.
-        self._non_blocking = self.device.type == "cuda"
         self.storage: TensorDict | None = None  # [capacity], allocated at the first write
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
@@ -119,9 +119,9 @@ class ReplayRing:
                     f"ReplayRing: batch key {key!r} has rows of shape {tuple(value.shape[1:])}, the ring's "
                     f"{tuple(kept.shape[1:])} (set by its first batch); a ring keeps one shape"
                 )
-            kept[start : start + first].copy_(value[:first], non_blocking=self._non_blocking)
+            copy_into(kept[start : start + first], value[:first])  # queued on the GPU, complete on the host
             if first < n:  # around the ring's end
-                kept[: n - first].copy_(value[first:], non_blocking=self._non_blocking)
+                copy_into(kept[: n - first], value[first:])
         self.position = (start + n) % capacity
         self.size = min(self.size + n, capacity)
         return n
