@@ -133,3 +133,106 @@ def test_ring_errors_name_the_argument_and_the_fix():
     ring.write(batch)
     with pytest.raises(ValueError, match=r"'obs' has rows of shape \(2,\), the ring's \(4,\)"):
         ring.write(TensorDict({"obs": torch.zeros(3, 2), "mask": torch.ones(3, dtype=torch.bool)}, [3]))
+
+
+def _filled_ring(capacity: int, batches: int) -> tuple[ReplayRing, TensorDict]:
+    """A ring written ``batches`` batches of the counting collector, and every real row those batches held."""
+    with twin({"backend": "thread"}, counting_vec, total_timesteps=batches * T * N) as collector:
+        written = list(collector)
+    ring = ReplayRing(capacity, KEYS)
+    for batch in written:
+        ring.write(batch)
+    return ring, real_rows(written)
+
+
+@pytest.mark.parametrize("capacity", [1000, 50], ids=["partly-full", "wrapped"])
+def test_a_saved_ring_loads_back_with_torch_loads_defaults(tmp_path, capacity):
+    ring, _ = _filled_ring(capacity, 4)
+    path = tmp_path / "ring.pt"
+    torch.save(ring.state_dict(), path)
+    if capacity > len(ring):  # the copy holds the rows held, not the whole preallocated storage
+        assert path.stat().st_size < 4 * len(ring) * 4 * 8 + 10_000
+    restored = ReplayRing(capacity, KEYS)
+    restored.load_state_dict(torch.load(path))  # weights_only=True, torch's default
+    assert (restored.position, len(restored)) == (ring.position, len(ring))
+    for key in KEYS:
+        assert torch.equal(restored.rows()[key], ring.rows()[key]), key
+    # both go on alike: the next writes land in the same places
+    more, _ = _filled_ring(capacity, 1)
+    for each in (ring, restored):
+        each.write(more.rows().unsqueeze(0))
+    assert torch.equal(restored.storage["obs"], ring.storage["obs"])
+    assert restored.position == ring.position
+
+
+def test_an_empty_ring_saves_and_loads():
+    restored = ReplayRing(10, KEYS)
+    restored.load_state_dict(ReplayRing(10, KEYS).state_dict())
+    assert len(restored) == 0 and restored.storage is None
+
+
+def test_loading_a_state_of_another_ring_names_both():
+    ring, _ = _filled_ring(1000, 1)
+    with pytest.raises(ValueError, match=r"capacity=1000 and keys=\('obs', .*this one has capacity=999"):
+        ReplayRing(999, KEYS).load_state_dict(ring.state_dict())
+    with pytest.raises(ValueError, match=r"the state lacks \['position', 'rows', 'size'\]"):
+        ReplayRing(1000, KEYS).load_state_dict({"capacity": 1000, "keys": KEYS})
+
+
+def _rows(**values: torch.Tensor) -> TensorDict:
+    n = len(next(iter(values.values())))
+    return TensorDict({**values, "mask": torch.ones(n, dtype=torch.bool)}, [n])
+
+
+def test_a_batch_whose_dtype_would_lose_information_is_refused_by_name():
+    ring = ReplayRing(100, ("obs", "action"))
+    ring.write(_rows(obs=torch.zeros(3, 2), action=torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"'obs' is torch.float64, which the ring's torch.float32 storage"):
+        ring.write(_rows(obs=torch.zeros(3, 2, dtype=torch.float64), action=torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"'action' is torch.float32, which the ring's torch.int64 storage"):
+        ring.write(_rows(obs=torch.zeros(3, 2), action=torch.full((3,), 6.7)))
+    assert len(ring) == 3  # neither was written
+    # a dtype the storage holds exactly is taken
+    assert ring.write(_rows(obs=torch.zeros(3, 2, dtype=torch.float16), action=torch.ones(3, dtype=torch.int32)))
+    assert ring.rows()["action"].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_dict_observation_leaf_that_changes_is_refused_by_name():
+    ring = ReplayRing(100, ("obs",))
+    ring.write(_rows(obs=TensorDict({"pos": torch.zeros(3, 2), "img": torch.zeros(3, 4, dtype=torch.uint8)}, [3])))
+    with pytest.raises(ValueError, match=r"\('obs', 'pos'\) has rows of shape \(5,\), the ring's \(2,\)"):
+        ring.write(_rows(obs=TensorDict({"pos": torch.zeros(3, 5), "img": torch.zeros(3, 4, dtype=torch.uint8)}, [3])))
+    with pytest.raises(ValueError, match=r"\('obs', 'img'\) is torch.float32, which the ring's torch.uint8"):
+        ring.write(_rows(obs=TensorDict({"pos": torch.zeros(3, 2), "img": torch.zeros(3, 4)}, [3])))
+
+
+def test_rows_is_a_copy_before_and_after_the_ring_wraps():
+    ring = ReplayRing(5, ("obs",))
+    ring.write(_rows(obs=torch.arange(3.0).unsqueeze(1)))
+    before = ring.rows()
+    ring.write(_rows(obs=torch.arange(3.0, 6.0).unsqueeze(1)))  # wraps around
+    after = ring.rows()
+    ring.write(_rows(obs=torch.full((3, 1), -1.0)))
+    assert before["obs"].squeeze(1).tolist() == [0, 1, 2]
+    assert after["obs"].squeeze(1).tolist() == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
+def test_sample_names_a_bad_batch_size(bad):
+    ring = ReplayRing(5, ("obs",))
+    ring.write(_rows(obs=torch.zeros(3, 1)))
+    with pytest.raises(ValueError, match=rf"batch_size must be a positive int \(the rows to draw\), got \w+ {bad!r}"):
+        ring.sample(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_cuda_ring_without_cuda_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"ReplayRing: device='cuda' needs a CUDA GPU.*pass device='cpu'"):
+        ReplayRing(10, device="cuda")
+
+
+def test_the_next_obs_hint_names_the_collector_option_only_when_it_is_missing():
+    with twin({"backend": "thread"}, counting_vec) as collector:  # next_obs=True
+        batch = next(iter(collector))
+    with pytest.raises(KeyError, match=r"no key 'next_state'; its keys are"):
+        ReplayRing(100, ("obs", "next_state")).write(batch)

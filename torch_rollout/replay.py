@@ -15,6 +15,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 
+from torch_rollout.loop._arguments import resolve_device
 from torch_rollout.util._devices import copy_into
 
 __all__ = ["ReplayRing"]
@@ -32,9 +33,15 @@ class ReplayRing:
             in the collector.
         device: where the ring lives (a batch on another device is copied over).
 
-    The storage is allocated at the first write, from that batch's dtypes and shapes. Rows are
+    The storage is allocated at the first write, from that batch's dtypes and shapes. A later batch
+    must have the same shapes, and dtypes that the storage holds without loss (an ``int32`` action
+    into ``int64`` storage, not a ``float64`` observation into ``float32`` storage). Rows are
     written in the order ``t * num_envs + env``: row ``t`` of every env, then row ``t + 1``. Rows
     with ``mask`` False (the reset rows of NEXT_STEP envs, which are no transition) are left out.
+
+    :meth:`state_dict` and :meth:`load_state_dict` save and restore the rows held and the write
+    position with a run's checkpoint (``torch.save``, and ``torch.load`` with its default
+    ``weights_only=True``).
 
     Example::
 
@@ -54,7 +61,7 @@ class ReplayRing:
         if not self.keys or not all(isinstance(key, str) for key in self.keys):
             raise ValueError(f"ReplayRing: keys must be a non-empty sequence of batch keys (str), got {keys!r}")
         self.capacity = capacity
-        self.device = torch.device(device)
+        self.device = resolve_device(device, who="ReplayRing")
         self.storage: TensorDict | None = None  # [capacity], allocated at the first write
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
@@ -99,7 +106,11 @@ class ReplayRing:
     def _entry(self, batch: TensorDictBase, key: str) -> Any:
         value = batch.get(key, None)
         if value is None:
-            fix = " (pass keys=BatchKeys(next_obs=True) to the Collector)" if key.startswith("next_") else ""
+            fix = (
+                " (pass keys=BatchKeys(next_obs=True) to the Collector)"
+                if key.startswith("next_") and "next_obs" not in batch.keys()
+                else ""
+            )
             raise KeyError(
                 f"ReplayRing: the batch has no key {key!r}{fix}; its keys are {sorted(map(str, batch.keys()))}, "
                 f"the ring keeps {list(self.keys)}"
@@ -114,11 +125,11 @@ class ReplayRing:
         storage = self.storage
         for key, value in leaves.items():
             kept = storage.get(key)
-            if value.shape[1:] != kept.shape[1:]:
-                raise ValueError(
-                    f"ReplayRing: batch key {key!r} has rows of shape {tuple(value.shape[1:])}, the ring's "
-                    f"{tuple(kept.shape[1:])} (set by its first batch); a ring keeps one shape"
-                )
+            if isinstance(kept, TensorDictBase):
+                for name, leaf in kept.items(include_nested=True, leaves_only=True):
+                    _check_rows((key, *name) if isinstance(name, tuple) else (key, name), value.get(name), leaf)
+            else:
+                _check_rows((key,), value, kept)
             copy_into(kept[start : start + first], value[:first])  # queued on the GPU, complete on the host
             if first < n:  # around the ring's end
                 copy_into(kept[: n - first], value[first:])
@@ -137,18 +148,72 @@ class ReplayRing:
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
         """``batch_size`` rows drawn uniformly (with replacement) from those held, as a TensorDict."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"ReplayRing.sample: batch_size must be a positive int (the rows to draw), got "
+                f"{type(batch_size).__name__} {batch_size!r}"
+            )
         if self.storage is None or self.size == 0:
             raise RuntimeError("ReplayRing.sample: the ring is empty; fill it from a collector first")
         index = torch.randint(self.size, (batch_size,), device=self.device, generator=generator)
         return self.storage[index]
 
     def rows(self) -> TensorDict:
-        """The rows held, oldest first (a copy once the ring has wrapped around)."""
+        """A copy of the rows held, oldest first: later writes into the ring do not change it."""
         if self.storage is None:
             raise RuntimeError("ReplayRing.rows: the ring is empty; fill it from a collector first")
         if self.size < self.capacity:
-            return self.storage[: self.size]
+            return self.storage[: self.size].clone()
         return torch.cat([self.storage[self.position :], self.storage[: self.position]])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rows held and the write position, as tensors, ints and strings (``torch.load`` with
+        ``weights_only=True`` reads it back).
+
+        A ring that has not wrapped around yet gives a copy of the rows it holds, one that has gives
+        its storage itself (no copy): save it before writing to the ring again.
+        """
+        rows: dict[str, Any] | None = None
+        if self.storage is not None:
+            # torch.save writes a view's whole storage: only the rows held are copied out
+            held = self.storage if self.size == self.capacity else self.storage[: self.size].clone()
+            rows = held.to_dict()
+        return {
+            "capacity": self.capacity,
+            "keys": list(self.keys),
+            "position": self.position,
+            "size": self.size,
+            "rows": rows,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the rows and the write position of :meth:`state_dict`, onto this ring's device.
+
+        The ring must have the state's ``capacity`` and ``keys``; its own rows are replaced.
+        """
+        missing = {"capacity", "keys", "position", "size", "rows"} - set(state)
+        if missing:
+            raise ValueError(
+                f"ReplayRing.load_state_dict: the state lacks {sorted(missing)}; pass what ReplayRing.state_dict() "
+                "returned"
+            )
+        if state["capacity"] != self.capacity or tuple(state["keys"]) != self.keys:
+            raise ValueError(
+                f"ReplayRing.load_state_dict: the state is of a ring with capacity={state['capacity']} and keys="
+                f"{tuple(state['keys'])}, this one has capacity={self.capacity} and keys={self.keys}; make the ring "
+                "as the saved one was"
+            )
+        size, rows = state["size"], state["rows"]
+        if rows is None:
+            self.storage, self.position, self.size = None, 0, 0
+            return
+        held = TensorDict(rows, batch_size=[size]).to(self.device)
+        if size == self.capacity:
+            storage = held
+        else:
+            storage = self._allocate({key: held.get(key) for key in self.keys})
+            storage[:size] = held
+        self.storage, self.position, self.size = storage, state["position"], size
 
 
 def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:
@@ -161,6 +226,22 @@ def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:
     if device is None or device.type == "cpu":
         return False
     return getattr(collector, "autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP
+
+
+def _check_rows(key: tuple[str, ...], value: Any, kept: torch.Tensor) -> None:
+    """Refuses rows of ``value`` that ``kept`` (the ring's storage of ``key``) cannot hold as they are."""
+    name = key[0] if len(key) == 1 else key
+    if value.shape[1:] != kept.shape[1:]:
+        raise ValueError(
+            f"ReplayRing: batch key {name!r} has rows of shape {tuple(value.shape[1:])}, the ring's "
+            f"{tuple(kept.shape[1:])} (set by its first batch); a ring keeps one shape"
+        )
+    if value.dtype != kept.dtype and torch.promote_types(value.dtype, kept.dtype) != kept.dtype:
+        raise ValueError(
+            f"ReplayRing: batch key {name!r} is {value.dtype}, which the ring's {kept.dtype} storage (set by its "
+            f"first batch) would not hold without loss; give every batch the first one's dtype (e.g. cast it in "
+            f"the env or the policy), or start a new ring"
+        )
 
 
 def _flat(value: Any, rows: int, dims: int) -> Any:

@@ -103,12 +103,15 @@ def check_envs(envs: Any) -> None:
         )
 
 
-def resolve_device(device: Any) -> torch.device:
-    """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index."""
+def resolve_device(device: Any, *, who: str = "Collector") -> torch.device:
+    """``device`` checked, ``None`` as CUDA when available (else the CPU), a CUDA device with its index.
+
+    ``who``: the call the errors name (``Collector``, ``ReplayRing``).
+    """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    checked = _check_device(device)
-    _check_available(checked, device)
+    checked = _check_device(device, who)
+    _check_available(checked, device, who)
     return indexed(checked)
 
 
@@ -141,42 +144,42 @@ def resolve_num_envs(envs: Any, num_envs: Any, *, who: str = "Collector") -> int
     return num_envs
 
 
-def _check_device(device: Any) -> torch.device:
+def _check_device(device: Any, who: str) -> torch.device:
     """``device`` as a torch.device; a TypeError or ValueError naming the argument for anything torch cannot parse."""
     if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
         raise TypeError(
-            f"Collector: device must be a torch.device, a device string such as 'cpu', 'cuda' or 'cuda:1', or None, "
+            f"{who}: device must be a torch.device, a device string such as 'cpu', 'cuda' or 'cuda:1', or None, "
             f"got {type(device).__name__} {device!r}"
         )
     try:
         return torch.device(device)
     except RuntimeError:
         raise ValueError(
-            f"Collector: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
+            f"{who}: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:1', 'mps', a "
             "torch.device, or None (CUDA when available, else the CPU)"
         ) from None
 
 
-def _check_available(device: torch.device, given: Any) -> None:
+def _check_available(device: torch.device, given: Any, who: str) -> None:
     """Refuses a CUDA or MPS ``device`` that this machine does not have, naming the fix (before any env is built)."""
     if device.type == "cuda":
         if not torch.cuda.is_available():
             cuda = torch.version.cuda
             build = f"built with CUDA {cuda}, but sees no GPU or driver" if cuda else "built without CUDA"
             raise ValueError(
-                f"Collector: device={given!r} needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, "
+                f"{who}: device={given!r} needs a CUDA GPU, but torch.cuda.is_available() is False (this torch, "
                 f"{torch.__version__}, is {build}); pass device='cpu' (or device=None: CUDA when available, else the "
                 "CPU), or install a CUDA build of torch on a machine with an NVIDIA GPU and its driver"
             )
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ValueError(
-                f"Collector: device={given!r}, but torch.cuda.device_count() is {count}; pass a CUDA device from "
+                f"{who}: device={given!r}, but torch.cuda.device_count() is {count}; pass a CUDA device from "
                 f"'cuda:0' to 'cuda:{count - 1}', or device='cuda' (the current one)"
             )
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(
-            f"Collector: device={given!r} needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
+            f"{who}: device={given!r} needs Apple's MPS, but torch.backends.mps.is_available() is False; pass "
             "device='cpu' (MPS needs a Mac with macOS 12.3 or later)"
         )
 
