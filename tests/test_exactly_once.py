@@ -247,3 +247,51 @@ def test_replaced_policy_parameters_are_followed_or_named(how, placement):
             rows += int(new.sum())
         assert rows > 0
     close_envs(envs)
+
+
+class ScaledPolicy(LayerPolicy):
+    """Values every observation at ``scale``: a plain attribute, as a DQN's annealed ``epsilon`` is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 1.0
+        self._calls = 0  # private: not a setting, free to change
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(obs)
+        return {**out, "value": out["value"] + self.scale}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_a_plain_attribute_changed_on_the_policy_is_named_where_a_copy_acts(placement):
+    """A copy of the policy acts (prefetch=1, worker processes, Ray) and only tensors reach it: a changed plain
+    attribute would act with its first value for the whole run, so the next refresh names it and the fix."""
+    policy = ScaledPolicy()
+    envs, extra = envs_for(placement, FAULTY, 2)
+    options = dict(num_steps=4, device="cpu", prefetch=1, timeout=TIMEOUT, **placement, **extra)
+    with Collector(envs, policy, **options) as collector:
+        assert (next(collector)["value"] == 1.0).all()
+        policy._calls += 1
+        assert (next(collector)["value"] == 1.0).all()
+        policy.scale = 0.5
+        why, fix = copy_reason(placement, 1)
+        message = (
+            "Collector: the policy's attribute 'scale' was 1.0 when the Collector was built and is now 0.5, but the "
+            f"copy of the policy that acts ({why}) still has 1.0: only tensors travel to it. Make it a buffer, which "
+            "every weight refresh carries (self.register_buffer('scale', torch.tensor(1.0)), then "
+            f"policy.scale.fill_(x)), or pass {fix} to act with the module itself"
+        )
+        with pytest.raises(ValueError, match=re.escape(message)):
+            next(collector)
+    close_envs(envs)
+
+
+def test_a_plain_attribute_changed_on_the_policy_acts_at_once_where_the_policy_itself_acts():
+    policy = ScaledPolicy()
+    envs = FAULTY(num_envs=2)
+    with Collector(envs, policy, num_steps=4, device="cpu", prefetch=0, backend="thread") as collector:
+        assert (next(collector)["value"] == 1.0).all()
+        policy.scale = 0.5
+        assert (next(collector)["value"] == 0.5).all()
+    envs.close()

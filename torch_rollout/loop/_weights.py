@@ -10,7 +10,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-__all__ = ["WeightPairs", "acting_copy", "check_policy_device", "check_same_structure", "named_weights", "weight_pairs"]
+__all__ = [
+    "PlainSettings",
+    "WeightPairs",
+    "acting_copy",
+    "check_policy_device",
+    "check_same_structure",
+    "named_weights",
+    "weight_pairs",
+]
 
 
 def named_weights(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -52,6 +60,48 @@ def acting_copy(policy: nn.Module, device: torch.device, *, why: str, fix: str) 
     acting_policy.requires_grad_(False)
     acting_policy.eval()  # the collector always acts in eval mode (see call_policy)
     return acting_policy
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+_MISSING = object()
+
+
+def _is_plain(value: object) -> bool:
+    """A number, string, None, or a tuple of them: a setting that ``==`` compares as a value."""
+    return isinstance(value, _PLAIN) or (type(value) is tuple and all(map(_is_plain, value)))
+
+
+class PlainSettings:
+    """The policy's public plain attributes (``epsilon``, ``temperature``: numbers, strings, None, tuples of them)
+    as the acting copy was made with them, to refuse a change that the copy would never see.
+
+    Weights travel to the acting copy as tensors; a plain attribute stays as it was when the Collector was built.
+    Private names (``_cache``) and ``training`` (the copy always acts in eval mode) are not watched.
+    """
+
+    def __init__(self, policy: nn.Module, why: str, fix: str) -> None:
+        self.why, self.fix = why, fix
+        self.entries = [
+            (f"{prefix}.{name}" if prefix else name, module.__dict__, name, value)
+            for prefix, module in policy.named_modules()
+            for name, value in module.__dict__.items()
+            if not name.startswith("_") and name != "training" and _is_plain(value)
+        ]
+
+    def check(self) -> None:
+        """Raises ValueError naming the first watched attribute that no longer holds its value."""
+        for where, entries, name, value in self.entries:
+            now = entries.get(name, _MISSING)
+            if now is value or (type(now) is type(value) and now == value):
+                continue
+            shown = "was deleted" if now is _MISSING else f"is now {now!r}"
+            raise ValueError(
+                f"Collector: the policy's attribute {where!r} was {value!r} when the Collector was built and {shown}, "
+                f"but the copy of the policy that acts ({self.why}) still has {value!r}: only tensors travel to it. "
+                f"Make it a buffer, which every weight refresh carries (self.register_buffer({name!r}, "
+                f"torch.tensor({value!r})), then policy.{where}.fill_(x)), or pass {self.fix} to act with the "
+                "module itself"
+            )
 
 
 def check_same_structure(src: dict[str, Tensor], dst: dict[str, Tensor], why: str) -> None:
