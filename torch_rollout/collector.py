@@ -32,7 +32,7 @@ from torch_rollout.loop._compile import check_compile_policy
 from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
-from torch_rollout.loop._weights import PlainSettings, WeightPairs
+from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, resolve_backend
 from torch_rollout.placements._env_calls import EnvCalls
 from torch_rollout.placements._protocol import Placement
@@ -263,8 +263,7 @@ class Collector:
             timeout,
             total_timesteps,
         )
-        self._weight_pairs = WeightPairs(settings.copy_why)
-        self._plain_settings = PlainSettings(policy, settings.copy_why, settings.copy_fix)
+        self._weight_pairs = WeightPairs(policy, settings.copy_why, settings.copy_fix)
         self._placement: Placement = chosen.build(envs, policy, settings)
         self.envs = self._placement.envs
         self._setting = _verdict_setting(chosen, settings, live_envs=isinstance(envs, VectorEnv))
@@ -434,10 +433,7 @@ class Collector:
         Called automatically each time the next batch is requested. Call it
         yourself after an update that happens in the middle of an iteration.
         """
-        weights = self._placement.weights
-        if weights is not None:  # a copy acts: a setting changed on the policy would not reach it
-            self._plain_settings.check()
-        dst, src = self._weight_pairs(self.policy, weights)
+        dst, src = self._weight_pairs(self.policy, self._placement.weights)
         with torch.no_grad():
             self._placement.refresh(dst, src)
 
@@ -515,7 +511,6 @@ class Collector:
         _release(self._driven, self)
         stuck = self._placement.close(join_timeout)
         self._weight_pairs.forget()  # it holds the acting copy's tensors
-        self._plain_settings.entries = []
         if stuck is not None:
             when = "at interpreter exit " if at_exit else ""
             warn(

@@ -152,8 +152,9 @@ class WeightPairs:
     removed changes one of them), and the shape of each tensor (``param.data = ...`` keeps the object).
     """
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, policy: nn.Module, why: str, fix: str) -> None:
         self.why = why
+        self.settings = PlainSettings(policy, why, fix)  # as the acting copy was made with them
         self.policy: nn.Module | None = None
         self.dst: dict[str, Tensor] | None = None
         self.pairs: tuple[list[Tensor], list[Tensor]] = ([], [])
@@ -164,6 +165,7 @@ class WeightPairs:
     def __call__(self, policy: nn.Module, dst: dict[str, Tensor] | None) -> tuple[list[Tensor], list[Tensor]]:
         if dst is None:
             return [], []
+        self.settings.check()  # a copy acts: a setting changed on the policy would not reach it
         if policy is not self.policy or dst is not self.dst or not self._unchanged():
             self.pairs = weight_pairs(policy, dst, self.why)
             self.policy, self.dst = policy, dst
@@ -175,6 +177,7 @@ class WeightPairs:
     def forget(self) -> None:
         """Lets go of the policy, the acting copy's tensors (shared memory, for worker processes) and the rest."""
         self.policy, self.dst, self.pairs = None, None, ([], [])
+        self.settings.entries = []
         self.modules, self.members, self.shapes = [], [], []
 
     def _members(self) -> list[object]:
