@@ -63,6 +63,7 @@ class ReplayRing:
         self.capacity = capacity
         self.device = resolve_device(device, who="ReplayRing")
         self.storage: TensorDict | None = None  # [capacity], allocated at the first write
+        self._kept: dict[str, Any] = {}  # the storage's entries by key
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
 
@@ -95,45 +96,54 @@ class ReplayRing:
                 "give it at least num_steps * num_envs rows"
             )
         # [rows, ...] in the order t * num_envs + env: views of the batch's entries
-        leaves = {key: _flat(self._entry(batch, key), rows, dims) for key in self.keys}
-        if not every_row and "mask" in batch.keys():
-            mask = batch.get("mask").reshape(-1)
+        leaves = {}
+        for key in self.keys:
+            value = batch.get(key, None)
+            if value is None:
+                self._missing(batch, key)
+            leaves[key] = _flat(value, rows, dims)
+        mask = None if every_row else batch.get("mask", None)
+        if mask is not None:
+            mask = mask.reshape(-1)
             if not bool(mask.all()):
                 index = mask.nonzero().squeeze(1)
                 return self._put({key: value[index] for key, value in leaves.items()}, len(index))
         return self._put(leaves, rows)
 
-    def _entry(self, batch: TensorDictBase, key: str) -> Any:
-        value = batch.get(key, None)
-        if value is None:
-            fix = (
-                " (pass keys=BatchKeys(next_obs=True) to the Collector)"
-                if key.startswith("next_") and "next_obs" not in batch.keys()
-                else ""
-            )
-            raise KeyError(
-                f"ReplayRing: the batch has no key {key!r}{fix}; its keys are {sorted(map(str, batch.keys()))}, "
-                f"the ring keeps {list(self.keys)}"
-            )
-        return value
+    def _missing(self, batch: TensorDictBase, key: str) -> None:
+        fix = (
+            " (pass keys=BatchKeys(next_obs=True) to the Collector)"
+            if key.startswith("next_") and "next_obs" not in batch.keys()
+            else ""
+        )
+        raise KeyError(
+            f"ReplayRing: the batch has no key {key!r}{fix}; its keys are {sorted(map(str, batch.keys()))}, "
+            f"the ring keeps {list(self.keys)}"
+        )
 
     def _put(self, leaves: dict[str, Any], n: int) -> int:
         if self.storage is None:
             self.storage = self._allocate(leaves)
+            self._kept = {key: self.storage.get(key) for key in self.keys}
         start, capacity = self.position, self.capacity
-        first = min(n, capacity - start)
-        storage = self.storage
-        for key, value in leaves.items():
-            kept = storage.get(key)
+        stop = start + n
+        kept_of = self._kept
+        for key, value in leaves.items():  # every key checked before any is written
+            kept = kept_of[key]
             if isinstance(kept, TensorDictBase):
                 for name, leaf in kept.items(include_nested=True, leaves_only=True):
                     _check_rows((key, *name) if isinstance(name, tuple) else (key, name), value.get(name), leaf)
-            else:
+            elif value.dtype is not kept.dtype or value.shape[1:] != kept.shape[1:]:
                 _check_rows((key,), value, kept)
-            copy_into(kept[start : start + first], value[:first])  # queued on the GPU, complete on the host
-            if first < n:  # around the ring's end
+        for key, value in leaves.items():
+            kept = kept_of[key]
+            if stop <= capacity:
+                copy_into(kept[start:stop], value)  # queued on the GPU, complete on the host
+            else:  # around the ring's end
+                first = capacity - start
+                copy_into(kept[start:], value[:first])
                 copy_into(kept[: n - first], value[first:])
-        self.position = (start + n) % capacity
+        self.position = stop % capacity
         self.size = min(self.size + n, capacity)
         return n
 
@@ -205,7 +215,7 @@ class ReplayRing:
             )
         size, rows = state["size"], state["rows"]
         if rows is None:
-            self.storage, self.position, self.size = None, 0, 0
+            self.storage, self.position, self.size, self._kept = None, 0, 0, {}
             return
         held = TensorDict(rows, batch_size=[size]).to(self.device)
         if size == self.capacity:
@@ -214,6 +224,7 @@ class ReplayRing:
             storage = self._allocate({key: held.get(key) for key in self.keys})
             storage[:size] = held
         self.storage, self.position, self.size = storage, state["position"], size
+        self._kept = {key: storage.get(key) for key in self.keys}
 
 
 def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:
