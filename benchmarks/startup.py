@@ -9,11 +9,13 @@ benchmarks' 64x64 actor-critic) and takes its first batch. Settings alternate:
   torch_rollout at its top and then starts the threads of ``wandb.init()``,
   ``SummaryWriter()`` and a ``tqdm`` bar (stand-ins for the first two, tqdm's
   own monitor thread) before it builds the collector;
-- the same with ``TORCH_ROLLOUT_PREFORK=0``: no fork server forked at the
-  import, so the workers start from a fresh one;
-- Processes(2), threads before the import: a trainer that imports
-  torch_rollout only once its threads run (inside its ``main()``), not safe
-  to fork then, whose workers start from a fresh fork server too.
+- Processes(2), ``torch_rollout.start_workers_early()`` right after the
+  import, then the same threads, and one second of the trainer's own set-up
+  (a stand-in for building its model and logger) before the collector.
+
+The worker processes' fork server is multiprocessing's, a fresh interpreter
+started by the first collector with worker processes (or by
+``start_workers_early()``), which imports torch before it forks a worker.
 
 The table gives medians and the breakdown:
 
@@ -27,14 +29,6 @@ The table gives medians and the breakdown:
 
 The load average (``uptime``'s 1-minute figure) is recorded next to every
 sample: the machine may be shared.
-
-A second table gives what the fork server forked at the import costs a
-trainer that never starts a worker process: in a fresh process that collects
-in the thread (a CUDA policy's placement) with an update per batch, the idle
-server's memory of its own (USS: pages no other process maps), its share of
-the pages it shares (PSS), at the start, after 100 batches (10 with
-``--quick``) and after a ``gc.collect()`` in the trainer, beside the trainer's
-memory.
 
 Usage::
 
@@ -53,19 +47,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run", "to_markdown", "SETTINGS", "make_envs", "idle_worker"]
+__all__ = ["run", "to_markdown", "SETTINGS", "make_envs"]
 
 SETTINGS = (
     "thread",
     "process1",
     "process2",
     "process2-threaded",
-    "process2-threaded-prefork0",
-    "process2-threads-first",
+    "process2-early",
 )
+SETUP_S = 1.0  # the early setting's stand-in for the trainer's own set-up between its import and its collector
 NUM_ENVS, NUM_STEPS = 8, 125  # configs/ppo_cartpole.yaml
 _WORKER_TIMEOUT_S = 300
-IDLE = "idle-server"  # the worker that measures the memory of a server that serves no worker
 _PHASES = ("import", "to_envs", "envs", "to_ready", "first_batch", "total")
 
 
@@ -100,19 +93,22 @@ def worker(setting: str, out: str) -> dict[str, Any]:
     import functools
 
     threads = None
-    if setting.endswith("-threads-first"):  # not safe to fork at the import, nor later
-        threads = start_threads()
     started = time.time()
     import torch
 
+    import torch_rollout
     from torch_rollout import Collector, Processes
 
     from _common import make_policy
 
     imported = time.time()
+    if setting == "process2-early":
+        torch_rollout.start_workers_early()
     torch.set_num_threads(1)  # as the PPO config's torch_threads: 1
-    if "-threaded" in setting:  # safe to fork at the import, not later
+    if setting in ("process2-threaded", "process2-early"):
         threads = start_threads()
+    if setting == "process2-early":
+        time.sleep(SETUP_S)
     backend = "thread" if setting == "thread" else Processes(int(setting[len("process")]))
     envs = functools.partial(make_envs, out)
     policy = make_policy(0)
@@ -138,72 +134,13 @@ def worker(setting: str, out: str) -> dict[str, Any]:
     }
 
 
-def idle_worker(batches: int) -> dict[str, Any]:
-    """In a fresh process: a trainer whose import of torch_rollout forked the fork server, and that then only
-    collects in the thread, with a policy-gradient update per batch; the memory (MiB) of the idle server at the
-    start and after ``batches`` batches, and the trainer's then."""
-    import gc
-
-    import torch
-    from torch.distributions import Categorical
-
-    from torch_rollout import Collector
-    from torch_rollout.placements import _forkserver
-
-    from _common import make_policy
-
-    if _forkserver._idle is None:
-        raise RuntimeError("no fork server was forked at the import (TORCH_ROLLOUT_PREFORK=0, or a thread ran)")
-    server = _forkserver._idle.pid
-    at_start = _memory(server)
-    torch.set_num_threads(1)
-    policy = make_policy(0)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=2.5e-4)
-    with Collector("CartPole-v1", policy, num_envs=NUM_ENVS, num_steps=NUM_STEPS, backend="thread", seed=0) as c:
-        for _ in range(batches):
-            batch = next(c)
-            real = batch[batch["mask"]]
-            log_prob = Categorical(logits=policy.actor(real["obs"])).log_prob(real["action"])
-            value_loss = (policy.critic(real["obs"]).squeeze(-1) - real["return"]).pow(2).mean()
-            optimizer.zero_grad()
-            (value_loss - (log_prob * real["advantage"]).mean()).backward()
-            optimizer.step()
-    at_end = _memory(server)
-    gc.collect()  # a full collection writes to every object that the collector tracks: their pages are copied
-    return {
-        "batches": batches,
-        "server_start": at_start,
-        "server_end": at_end,
-        "server_after_gc": _memory(server),
-        "trainer_end": _memory(),
-    }
-
-
-def _memory(pid: int | None = None) -> dict[str, float]:
-    """A process's memory in MiB (default: this one's): uss (pages no other process maps), pss (each shared page
-    split among the processes that map it), rss."""
-    fields: dict[str, float] = {}
-    with open(f"/proc/{pid or os.getpid()}/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            parts = rest.split()
-            if len(parts) == 2 and parts[1] == "kB":
-                fields[name] = int(parts[0]) / 1024
-    return {"uss": fields["Private_Clean"] + fields["Private_Dirty"], "pss": fields["Pss"], "rss": fields["Rss"]}
-
-
 def _run_worker(setting: str) -> dict[str, Any]:
     from _common import run_worker
 
     with tempfile.TemporaryDirectory() as out:
         load = os.getloadavg()[0]
-        env = {key: value for key, value in os.environ.items() if key != "TORCH_ROLLOUT_PREFORK"}
-        env["PYTHONWARNINGS"] = "ignore"
-        if setting.endswith("-prefork0"):
-            env["TORCH_ROLLOUT_PREFORK"] = "0"
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         args = ["--worker", setting, "--out", out]
-        if setting.startswith(IDLE):
-            args = ["--worker", IDLE, "--batches", setting.partition(":")[2]]
         sample = run_worker(__file__, args, what=f"startup worker {setting}", env=env, timeout=_WORKER_TIMEOUT_S)
     return {**sample, "load": load}
 
@@ -227,15 +164,6 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
             samples[setting].append(sample)
             phases = "  ".join(f"{p} {sample[p]:.3f}" for p in _PHASES)
             log(f"  {repeat + 1}/{repeats}  {setting:26s} {phases}  (load {sample['load']:.2f})")
-    batches = 10 if quick else 100
-    idle = []
-    for repeat in range(repeats):
-        sample = _run_worker(f"{IDLE}:{batches}")
-        idle.append(sample)
-        log(
-            f"  {repeat + 1}/{repeats}  {IDLE:26s} server USS {sample['server_start']['uss']:.1f} MiB at the start, "
-            f"{sample['server_end']['uss']:.1f} after {batches} batches  (load {sample['load']:.2f})"
-        )
     rows = [
         {
             "setting": setting,
@@ -250,7 +178,6 @@ def run(*, quick: bool = False, repeats: int | None = None, log: Callable[[str],
         "config": {"num_envs": NUM_ENVS, "num_steps": NUM_STEPS, "repeats": repeats, "quick": quick},
         "samples": samples,
         "rows": rows,
-        "idle_server": idle,
     }
     return record("startup", results, quick=quick)
 
@@ -264,8 +191,7 @@ def to_markdown(results: dict[str, Any]) -> str:
         "process1": "Processes(1)",
         "process2": "Processes(2)",
         "process2-threaded": "Processes(2), threads after the import",
-        "process2-threaded-prefork0": "Processes(2), threads after the import, TORCH_ROLLOUT_PREFORK=0",
-        "process2-threads-first": "Processes(2), threads before the import",
+        "process2-early": f"Processes(2), start_workers_early(), threads, {SETUP_S:.0f} s of set-up",
     }
     header = ["placement", *_PHASES, "total min-max", "load"]
     body = [
@@ -277,47 +203,16 @@ def to_markdown(results: dict[str, Any]) -> str:
         ]
         for row in results["rows"]
     ]
-    table = markdown_table(header, body)
-    idle = results.get("idle_server")
-    if not idle:
-        return table
-    median = {
-        (when, what): statistics.median(s[when][what] for s in idle)
-        for when in ("server_start", "server_end", "server_after_gc", "trainer_end")
-        for what in ("uss", "pss", "rss")
-    }
-    idle_table = markdown_table(
-        ["process", "USS", "PSS", "RSS"],
-        [
-            ["server, after the import", *(f"{median['server_start', w]:.0f}" for w in ("uss", "pss", "rss"))],
-            [
-                f"server, after {idle[0]['batches']} batches",
-                *(f"{median['server_end', w]:.0f}" for w in ("uss", "pss", "rss")),
-            ],
-            [
-                "server, then after a gc.collect() in the trainer",
-                *(f"{median['server_after_gc', w]:.0f}" for w in ("uss", "pss", "rss")),
-            ],
-            [
-                f"trainer, after {idle[0]['batches']} batches",
-                *(f"{median['trainer_end', w]:.0f}" for w in ("uss", "pss", "rss")),
-            ],
-        ],
-    )
-    return f"{table}\n\nThe idle fork server's memory and the trainer's, MiB (medians of {len(idle)}):\n\n{idle_table}"
+    return markdown_table(header, body)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one process per setting")
     parser.add_argument("--repeats", type=int, default=None, help="processes per setting (default 5)")
-    parser.add_argument("--worker", choices=(*SETTINGS, IDLE), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--batches", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker == IDLE:
-        print(json.dumps(idle_worker(args.batches)))
-        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.out)))
         return

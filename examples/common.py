@@ -29,7 +29,7 @@ import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
-from torch_rollout import Collector, Stats
+from torch_rollout import Collector, Stats, start_workers_early
 
 __all__ = [
     "STATS_FIELDS",
@@ -332,6 +332,13 @@ def shares_text(stats: Stats) -> str:
     wait = stats.wait / stats.seconds if stats.seconds > 0 else 0.0
     names = {"env": "env", "policy": "pol", "collector": "col", "idle": "idle"}
     return " ".join(f"{names[key]} {100 * value:.0f}%" for key, value in shares.items()) + f" wait {100 * wait:.0f}%"
+
+
+def start_workers_for(backend: str) -> None:
+    """With worker processes (or "auto", which picks them for a CPU agent), their fork server starts now: it
+    imports torch while the agent is built, instead of at the collector."""
+    if backend in ("process", "auto"):
+        start_workers_early()
 
 
 def print_collector(collector: Collector) -> None:

@@ -700,6 +700,7 @@ def train(cfg: Config, resume: dict[str, Any] | None = None) -> float:
             another number of ranks; before anything is written.
     """
     start = time.perf_counter()
+    common.start_workers_for(cfg.backend)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)  # the same on every rank: the same initial weights
     rank, world_size, device = init_distributed(agent_device(cfg.device), resume)

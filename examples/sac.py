@@ -289,6 +289,7 @@ def train(cfg: Config) -> float:
     Returns the final mean return.
     """
     start = time.perf_counter()
+    common.start_workers_for(cfg.backend)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)

@@ -746,3 +746,30 @@ def test_script_without_main_guard_is_explained(tmp_path, where):
     # forkserver's and a worker's start, which take seconds on a loaded 2-core machine.
     seconds = float(re.search(r"raised after ([\d.]+) s", proc.stderr).group(1))
     assert seconds < (1.0 if where == "top-level" else 60.0)
+
+
+# A script that is edited while it runs (a sweep's queued job, a user's change): six comment lines inserted above
+# its guarded Collector before the trainer reaches it.
+EDITED = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector, Processes
+
+if __name__ == "__main__":
+    script = Path(__file__)
+    script.write_text("# an edit\\n" * 6 + script.read_text())
+    with Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=4, backend=Processes(1), device="cpu") as c:
+        print("batch of", next(c).batch_size.numel(), "rows", flush=True)
+"""
+
+
+def test_a_script_edited_while_it_runs_is_not_mistaken_for_one_without_the_guard(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(EDITED).format(tests=str(TESTS)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == "batch of 8 rows\n"
+    assert script.read_text().startswith("# an edit\n" * 6)

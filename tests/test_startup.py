@@ -1,16 +1,17 @@
 """The start of worker processes: where they fork from, what they inherit of the trainer, how they start together,
-and what the fork server costs a trainer that never starts one.
+and that importing the package starts nothing.
 
-Each test runs a trainer script in a fresh Python process: the fork server is
-forked when the process imports torch_rollout, or started by its first
-collector with worker processes, so the pytest process (which imported
-torch_rollout long ago, and may run threads) cannot tell.
+Each test runs a trainer script in a fresh Python process: the fork server
+starts with its first collector with worker processes (or at
+``start_workers_early()``), so the pytest process (which started one long ago)
+cannot tell.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,11 +23,10 @@ import pytest
 from reliability_envs import wait_until
 
 TESTS = Path(__file__).resolve().parent
-PREFORK = "TORCH_ROLLOUT_PREFORK"
 
-# The trainer. Its first import of torch_rollout sits under its main guard, after `wave` (so a process forked
-# from the trainer at that import has `wave`, and one forked later has `sched` too; the workers never import
-# either themselves). Its workers' make_envs writes what it sees of its process to facts-<start_index>.json first.
+# The trainer. Its first import of torch_rollout sits under its main guard, after `wave`, and `sched` comes after
+# it (a process forked from the trainer would have them; the workers never import either themselves). Its
+# workers' make_envs writes what it sees of its process to facts-<start_index>.json first.
 TRAINER = """
 import functools, json, os, signal, sys, threading, time, warnings
 from multiprocessing import forkserver
@@ -89,17 +89,13 @@ if __name__ == "__main__":
 
     mode = sys.argv[1]
     sys.stdout.write("written by the trainer, not yet flushed\\n")  # stdout is a pipe: block-buffered
-    if mode == "a thread before the import":  # a trainer that imports torch_rollout late, inside its main()
-        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
-    if mode == "a threaded runtime before the import":  # JAX's thread pools run once it is imported and used
-        import ray  # noqa: F401  (one of the runtimes named; no thread of its own until ray.init())
-    if mode == "a CUDA context before the import":
-        import torch
+    import torch_rollout
 
-        torch.cuda.is_initialized = lambda: True  # as a trainer with its model on a GPU
-    from torch_rollout.placements import _forkserver
-
-    (OUT / "server-at-import.json").write_text(json.dumps(_forkserver._idle and _forkserver._idle.pid))
+    # the import starts no process (and no thread beside those of torch's and numpy's own pools)
+    children = Path(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children").read_text().split()
+    (OUT / "children-at-import.json").write_text(json.dumps(children))
+    if mode == "early":  # the documented call, at the trainer's top
+        torch_rollout.start_workers_early()
     import sched  # noqa: F401  (another module that nothing else imports)
 
     signal.signal(signal.SIGTERM, lambda *_: (OUT / "trainer-handler-ran").touch())
@@ -142,14 +138,11 @@ if __name__ == "__main__":
 """
 
 
-def run_trainer(tmp_path: Path, mode: str, *, prefork: str | None = None) -> tuple[str, list[dict]]:
+def run_trainer(tmp_path: Path, mode: str) -> tuple[str, list[dict]]:
     """Runs the trainer in ``mode``; returns its stdout and its workers' facts (two collectors': four)."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAINER).format(tests=str(TESTS), out=str(tmp_path)))
-    env = {key: value for key, value in os.environ.items() if key != PREFORK}
-    if prefork is not None:
-        env[PREFORK] = prefork
-    proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     names = (
         ["facts-0.json", "facts-1.json"]
@@ -168,36 +161,16 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize(
-    ("mode", "prefork", "origin"),
-    [
-        ("threads after the import", None, "forked at import"),
-        ("single-threaded", "0", "forked at the first collector"),
-        ("threads after the import", "0", "fresh"),
-        ("a thread before the import", None, "fresh"),
-        ("a CUDA context before the import", None, "fresh"),
-        ("a threaded runtime before the import", None, "fresh"),
-    ],
-    ids=[
-        "threads-after-import",
-        "opted-out-single-threaded",
-        "opted-out-threads",
-        "thread-first",
-        "cuda-first",
-        "runtime-first",
-    ],
-)
-def test_the_server_is_forked_from_the_trainer_only_while_it_is_safe(tmp_path, mode, prefork, origin):
-    out, facts = run_trainer(tmp_path, mode, prefork=prefork)
-    at_import = json.loads((tmp_path / "server-at-import.json").read_text())
+@pytest.mark.parametrize("mode", ["single-threaded", "threads after the import", "early"])
+def test_workers_start_from_one_fresh_server_and_take_on_what_the_trainer_set_since(tmp_path, mode):
+    out, facts = run_trainer(tmp_path, mode)
+    assert json.loads((tmp_path / "children-at-import.json").read_text()) == []
     server = json.loads((tmp_path / "server.json").read_text())
-    # Forked at import: the server was running when the import returned, and it is every worker's parent.
-    assert (at_import == server) if origin == "forked at import" else (at_import is None)
-    assert {f["server"] for f in facts} == {server}  # either server serves every collector
+    assert {f["server"] for f in facts} == {server}  # one server serves every collector
     assert len({f["pid"] for f in facts}) == 4
-    # What the workers hold of the trainer tells when it was forked, if ever (a fresh server holds none of it).
-    assert [f["forked_at_import"] for f in facts] == [origin != "fresh"] * 4
-    assert [f["forked_later"] for f in facts] == [origin == "forked at the first collector"] * 4
+    # A fresh server holds nothing of the trainer's: not the modules it had imported.
+    assert [f["forked_at_import"] for f in facts] == [False] * 4
+    assert [f["forked_later"] for f in facts] == [False] * 4
     # What the trainer holds stays the trainer's: its signal handlers, its buffered output, its pipes.
     assert all(f["sigterm_default"] and f["forkserver_lock_free"] for f in facts)
     assert not (tmp_path / "trainer-handler-ran").exists()
@@ -227,185 +200,125 @@ def test_a_worker_that_fails_to_start_reports_its_cause(tmp_path):
     assert "pipe end seen: True" in out
 
 
-# A module that imports torch_rollout first, so that the server is forked while the module is half imported:
-# what it defines below that import is not in the server, and the import lock of its half-done import is held
-# there by the trainer's thread (which the server does not have). A worker imports it whole, after taking on the
-# environment variables that the trainer set since.
-HALF_IMPORTED = """
-import os
-
-import torch_rollout  # noqa: F401
-
-import gymnasium
-
-# Read as a worker imports the module: the trainer set it after its server was forked.
-SEEN_AT_IMPORT = os.environ.get("SET_BY_THE_TRAINER")
-
-
-def build(num_envs, start_index=0):
-    if SEEN_AT_IMPORT != "in main()":
-        raise RuntimeError(f"imported with SET_BY_THE_TRAINER={SEEN_AT_IMPORT!r}")
-    return gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * num_envs)
-"""
-
-HALF_IMPORTED_TRAINER = """
-import os, sys, threading
-from multiprocessing import forkserver
-
-sys.path[:0] = [{tests!r}, {here!r}]
-
-
-def make_envs(num_envs, start_index=0):
-    # Built by a thread of the worker, which imports the half-imported module first, and a submodule of the
-    # package whose import was under way at the fork: either would wait forever for its import lock.
-    built = []
-    thread = threading.Thread(target=lambda: built.append(_build(num_envs)), daemon=True)
-    thread.start()
-    thread.join(60)
-    if not built:
-        raise TimeoutError("the thread that imports and builds the envs is stuck")
-    return built[0]
-
-
-def _build(num_envs):
-    import helpers
-    import torch_rollout.gae  # noqa: F401
-
-    return helpers.build(num_envs)
-
-
-if __name__ == "__main__":
-    import helpers  # its import of torch_rollout forks the server
-
-    os.environ["SET_BY_THE_TRAINER"] = "in main()"
-    from reliability_envs import ConstantPolicy
-    from torch_rollout import Collector, Processes
-
-    from torch_rollout.placements import _forkserver
-
-    server = _forkserver._idle.pid  # forked at the import, not yet multiprocessing's
-    # The workers' main thread imports the module first, to unpickle its function; then a thread of theirs does.
-    for envs in (helpers.build, make_envs):
-        with Collector(envs, ConstantPolicy(), num_envs=2, num_steps=4, backend=Processes(2), timeout=120) as c:
-            next(c)
-        assert forkserver._forkserver._forkserver_pid == server
-        print("collected with", envs.__name__, flush=True)
-"""
-
-
-def test_a_module_half_imported_at_the_fork_is_imported_whole_by_workers(tmp_path):
-    (tmp_path / "helpers.py").write_text(HALF_IMPORTED)
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(HALF_IMPORTED_TRAINER).format(tests=str(TESTS), here=str(tmp_path)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "collected with build\ncollected with make_envs\n"
-
-
-# A trainer that never starts a worker process: what the server forked at its import costs it.
+# A trainer that imports the package and never starts a worker process, in a TMPDIR of its own.
 IDLE_TRAINER = """
-import json, os, signal, sys, time
+import json, os, sys, threading, time
 from pathlib import Path
 
 OUT = Path({out!r})
-handlers = {{s: signal.getsignal(s) for s in signal.valid_signals()}}
-from torch_rollout.placements import _forkserver
+import torch  # its own pools (OpenMP, OpenBLAS) are counted before the package's import
+before = len(os.listdir("/proc/self/task"))
+import torch_rollout  # noqa: F401
 
-server = _forkserver._idle.pid
-(OUT / "server.json").write_text(json.dumps(server))
-assert {{s: signal.getsignal(s) for s in signal.valid_signals()}} == handlers  # no handler of the trainer's replaced
-mode = sys.argv[1]
-if mode == "fork":  # a child forked from the trainer lets its server go, and starts one of its own
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0 if _forkserver._idle is None else 3)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the child kept the parent's server"
-if mode == "killed":
+children = Path(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children").read_text().split()
+threads = len(os.listdir("/proc/self/task")) - before
+facts = {{"children": children, "threads": threading.active_count(), "os_threads": threads}}
+(OUT / "facts.json").write_text(json.dumps(facts))
+if sys.argv[1] == "killed":
     print("ready", flush=True)
     time.sleep(600)
-print("the trainer's last line", flush=True)
 """
 
 
-@pytest.mark.parametrize("mode", ["exit", "fork", "killed"])
-def test_a_server_that_serves_no_worker_is_gone_with_the_trainer(tmp_path, mode):
-    script = tmp_path / "train.py"
+@pytest.mark.parametrize("mode", ["exit", "killed"])
+def test_importing_the_package_starts_nothing_and_leaves_nothing(tmp_path, mode):
+    script, tmpdir = tmp_path / "train.py", tmp_path / "tmp"
     script.write_text(textwrap.dedent(IDLE_TRAINER).format(out=str(tmp_path)))
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
-    env = {key: value for key, value in os.environ.items() if key != PREFORK}
-    # Files, not pipes: the call returns as the trainer exits, without waiting for whoever else holds its stdout.
     with stdout.open("w") as out, stderr.open("w") as err:
         proc = subprocess.Popen([sys.executable, str(script), mode], stdout=out, stderr=err, env=env)
         try:
             if mode == "killed":
                 assert wait_until(lambda: "ready" in stdout.read_text(), 120.0), stderr.read_text()
-                server = json.loads((tmp_path / "server.json").read_text())
-                assert running(server)
-                proc.send_signal(signal.SIGKILL)  # no exit handler runs: the server sees the end of its pipe
+                proc.send_signal(signal.SIGKILL)  # no exit handler runs
             assert proc.wait(timeout=300) == (-signal.SIGKILL if mode == "killed" else 0), stderr.read_text()
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    server = json.loads((tmp_path / "server.json").read_text())
-    assert isinstance(server, int)
-    if mode == "killed":
-        assert wait_until(lambda: not running(server), 10.0)
-    else:
-        assert not Path(f"/proc/{server}").exists()  # waited for by the trainer's exit: not even a zombie
-        assert stdout.read_text() == "the trainer's last line\n"
-    assert stderr.read_text() == ""  # nothing printed by the server, at its start or at its exit
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts == {"children": [], "threads": 1, "os_threads": 0}
+    assert list(tmpdir.iterdir()) == []
+    assert stderr.read_text() == ""
+
+
+def test_the_package_sets_no_private_attribute_of_multiprocessing():
+    """Nothing in the package assigns to a private name of the standard library's multiprocessing."""
+    package = TESTS.parent / "torch_rollout"
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(forkserver|multiprocessing|util|spawn|connection)\.\w*\._\w+\s*=(?!=)", line)
+        or re.search(r"(forkserver|multiprocessing|util|spawn|connection)\._\w+\s*=(?!=)", line)
+    ]
+    assert found == []
 
 
 # A trainer in which something else starts processes from multiprocessing's forkserver before the first collector.
 OTHER_USER_TRAINER = """
 import multiprocessing, os, sys
 from multiprocessing import forkserver
-from pathlib import Path
 
 sys.path.insert(0, {tests!r})
 from reliability_envs import ConstantPolicy
 from torch_rollout import Collector, Processes
-from torch_rollout.placements import _forkserver
+
 
 if __name__ == "__main__":
-    idle = _forkserver._idle.pid
     with multiprocessing.get_context("forkserver").Pool(1) as pool:
         other = pool.apply(os.getppid)
-    # A server of its own, multiprocessing's fresh one, as without torch_rollout.
-    assert other != idle and other == forkserver._forkserver._forkserver_pid, (idle, other)
     with Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=2, backend=Processes(2), timeout=120) as c:
         next(c)
-    # It serves the collectors too; the idle one is gone, waited for.
-    assert forkserver._forkserver._forkserver_pid == other
-    assert not Path(f"/proc/{{idle}}").exists()
-    print("the other server serves", flush=True)
+    # The same server serves both, multiprocessing's one.
+    assert forkserver._forkserver._forkserver_pid == other, other
+    print("one server serves", flush=True)
 """
 
 
-def test_other_users_of_the_forkserver_before_the_first_collector_get_a_server_of_their_own(tmp_path):
+def test_other_users_of_the_forkserver_share_its_server_with_the_collectors(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(OTHER_USER_TRAINER).format(tests=str(TESTS)))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "the other server serves\n"
+    assert proc.stdout == "one server serves\n"
 
 
-def test_a_bad_value_of_the_opt_out_is_refused_at_import(tmp_path):
-    env = {**os.environ, PREFORK: "no"}
-    proc = subprocess.run(
-        [sys.executable, "-c", "import torch_rollout"], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert proc.returncode == 1
-    assert (
-        "ValueError: import torch_rollout: TORCH_ROLLOUT_PREFORK='no'; set it to 0 (the fork server of worker "
-        "processes starts with the first collector that needs one) or 1" in proc.stderr
-    )
+# A trainer that records, at the first named semaphore's registration with multiprocessing's resource tracker,
+# whether the tracker was running already: if not, registering starts it, a new process between the semaphore's
+# creation in /dev/shm and its registration, where a kill leaves the entry behind for good.
+TRACKED_TRAINER = """
+import json, sys
+from multiprocessing import resource_tracker
+
+sys.path.insert(0, {tests!r})
+from reliability_envs import ConstantPolicy
+from torch_rollout import Collector, Processes
+
+seen = []
+register = resource_tracker.register
 
 
-def test_the_opt_out_forks_nothing_at_import(tmp_path):
-    env = {**os.environ, PREFORK: "0"}
-    code = "from torch_rollout.placements import _forkserver; print(_forkserver._idle)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+def recording(name, rtype):
+    if rtype == "semaphore":
+        seen.append(resource_tracker._resource_tracker._pid is not None)
+    register(name, rtype)
+
+
+resource_tracker.register = recording
+
+if __name__ == "__main__":
+    with Collector("CartPole-v1", ConstantPolicy(), num_envs=2, num_steps=2, backend=Processes(2), timeout=120) as c:
+        next(c)
+    print(json.dumps(seen), flush=True)
+"""
+
+
+def test_the_resource_tracker_runs_before_the_first_worker_lock_is_made(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRACKED_TRAINER).format(tests=str(TESTS)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "None\n"
+    assert json.loads(proc.stdout) == [True, True]  # both workers' weights locks

@@ -1,6 +1,5 @@
 """torch_rollout: a PyTorch-native rollout collector with exact GAE, yielding TensorDict batches."""
 
-# First: it counts the threads that importing torch and numpy start (see _forkserver.fork_is_safe)
 from torch_rollout import envs  # registers torch_rollout/CartPole-v1 and torch_rollout/Pendulum-v1
 from torch_rollout.collector import Collector
 from torch_rollout.envs._double_buffer import DoubleBufferedVectorEnv, double_buffered
@@ -10,9 +9,9 @@ from torch_rollout.gae import GAE, compute_gae
 from torch_rollout.loop._seed import Seed
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Stats, WorkerStats
-from torch_rollout.placements import _forkserver
 from torch_rollout.placements._backends import Processes, Ray, Thread
 from torch_rollout.placements._env_calls import EnvCalls
+from torch_rollout.placements._forkserver import start_workers_early
 from torch_rollout.replay import ReplayRing
 from torch_rollout.tuning import tune
 
@@ -35,9 +34,7 @@ __all__ = [
     "envpool_envs",
     "envs",
     "gym_envs",
+    "start_workers_early",
     "tune",
 ]
 __version__ = "0.1.0"
-
-# Last: the fork server of worker processes, forked now, while the trainer has no thread of its own yet.
-_forkserver.start_server_at_import()

@@ -30,7 +30,7 @@ from torch_rollout.envs._gym import build_envs
 from torch_rollout.loop._arguments import check_int, resolve_num_envs
 from torch_rollout.loop._stats import Stats, available_cores
 from torch_rollout.placements._backends import Backend, Processes
-from torch_rollout.placements._forkserver import start_server
+from torch_rollout.placements._forkserver import start_workers_early
 
 __all__ = ["MLPPolicy", "default_placements", "tune"]
 
@@ -159,9 +159,9 @@ def _trials(
     print(_header(envs, n, num_steps, policy, device, seconds, train_seconds, len(rows)), flush=True)
     began = perf_counter()
     if not isinstance(envs, VectorEnv):
-        # Worker processes start from a fork server: forked from here before the thread's trials start threads
-        # (a fraction of a second), rather than a fresh interpreter that imports torch (seconds).
-        start_server()
+        # Worker processes start from a fork server that imports torch (seconds): it starts now, while the
+        # thread's trials run, rather than in the first trial with worker processes.
+        start_workers_early()
     _run_rounds(rows, setting, seconds)
     best = max((row for row in rows if row.stats), key=lambda row: row.median)
     print(_table(rows, best, perf_counter() - began))

@@ -196,11 +196,9 @@ class Processes(Backend):
             raise RuntimeError(unguarded)
 
     def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:
-        from torch_rollout.placements._forkserver import start_server
         from torch_rollout.placements._process import ProcessPlacement, check_shared_memory
 
         assert not isinstance(envs, VectorEnv)  # refused by check()
-        start_server()  # before the weights go to shared memory: a server forked from here would hold them too
         # The workers share the acting copy's memory: a refresh writes it in place.
         acting_policy = acting_copy(policy, torch.device("cpu"), why=settings.copy_why, fix=settings.copy_fix)
         weights = sum(t.nbytes for t in itertools.chain(acting_policy.parameters(), acting_policy.buffers()))

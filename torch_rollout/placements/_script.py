@@ -168,15 +168,23 @@ def unguarded_call() -> str | None:
     try:
         with tokenize.open(path) as f:
             tree = ast.parse(f.read(), filename=path)
+        # The file as it is now, which may have been edited since the script started: read only if it compiles
+        # to the code that runs (the same instructions on the same lines), else its line numbers mean nothing.
+        now = compile(tree, frame.f_code.co_filename, "exec", dont_inherit=True)
     except (OSError, SyntaxError, ValueError):
         return None
-    if _conditional_around(tree.body, line):
+    if not _same_code(now, frame.f_code) or _conditional_around(tree.body, line):
         return None
     return (
         f"Collector(backend='process'): the script {path} creates this Collector at line {line}, outside an "
         f"{_GUARD} block; worker processes import the trainer's __main__ script again, and would run that line "
         f"too: the code that creates the Collector must sit under {_GUARD} (or pass backend='thread')"
     )
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Whether two module code objects run the same instructions from the same lines."""
+    return a.co_code == b.co_code and list(a.co_lines()) == list(b.co_lines())
 
 
 _CONDITIONAL = (ast.If, ast.Try, ast.Match, ast.While) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
