@@ -1,6 +1,15 @@
-"""Gymnasium's CartPole-v1 and Pendulum-v1 as vector envs of torch tensors, on the CPU or a GPU.
+"""Vector envs of torch tensors: two bundled ones, and adapters that present the GPU simulators' envs as such.
 
-They are ``gymnasium.vector.VectorEnv`` subclasses whose ``reset`` and
+- :class:`CartPole` and :class:`Pendulum`: gymnasium's CartPole-v1 and Pendulum-v1, on the CPU or a GPU;
+- :class:`FromIsaacLab`: an Isaac Lab env (applied by the Collector itself to the env that ``gym.make``
+  returns), its observation groups as a Dict and its time-outs bootstrapped from its final observations;
+- :class:`FromRslRl`: an env with rsl_rl's ``VecEnv`` interface (Isaac Lab's, Genesis's locomotion
+  examples, ...);
+- :class:`FromMjlab`: mjlab's ``ManagerBasedRlEnv``;
+- :class:`FromJax`: a JAX env with Brax's functional API (Brax, MuJoCo Playground), jitted and vmapped, its arrays to
+  torch through DLPack without a copy (imported on first use: this module imports no JAX).
+
+The bundled two are ``gymnasium.vector.VectorEnv`` subclasses whose ``reset`` and
 ``step`` take and return torch tensors on their ``device``, with every
 gymnasium autoreset mode and seeding by env index, and whose steps never
 wait for the device. They serve as fast, dependency-free envs for tests and
