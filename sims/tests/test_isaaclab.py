@@ -156,3 +156,24 @@ def test_worker_processes_that_build_isaac_lab_envs(tmp_path):
         gae_lambda=LAMBDA,
     )
     assert sum(int(batch["truncated"].sum()) for batch in batches) >= NUM_ENVS * 4
+
+
+def test_installing_the_package_into_the_isaac_lab_venv_changes_none_of_its_packages(tmp_path):
+    """`pip install torch_rollout` where Isaac Lab is installed must take Isaac Lab's torch, gymnasium, numpy and
+    tensordict as they are, not replace them: pip's resolution, reported without installing anything."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]  # the checkout
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    installs = [entry["metadata"]["name"] for entry in json.loads(report.read_text())["install"]]
+    assert installs == ["torch_rollout"], installs
