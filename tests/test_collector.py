@@ -602,3 +602,29 @@ def test_cuda_batches_match_cpu(mode, prefetch, placement):
     for key in ("obs", "action", "reward", "mask", "done", "next_value"):
         torch.testing.assert_close(results["cuda"][key].cpu(), results["cpu"][key])
     torch.testing.assert_close(results["cuda"]["advantage"].cpu(), results["cpu"]["advantage"], rtol=1e-5, atol=1e-5)
+
+
+def _pendulum_envs(num_envs: int, start_index: int = 0) -> SyncVectorEnv:
+    return gym.make_vec("Pendulum-v1", num_envs=num_envs, vectorization_mode="sync")
+
+
+class _PendulumPolicy(nn.Module):
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": torch.zeros(obs.shape[0], 1)}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_the_spaces_are_known_right_after_construction(placement):
+    """An agent is sized from the collector's spaces, before any batch and without an env of its own."""
+    envs, extra = envs_for(placement, _pendulum_envs, 3)
+    with Collector(envs, _PendulumPolicy(), num_steps=2, device="cpu", **placement, **extra) as collector:
+        single = gym.make("Pendulum-v1")
+        assert collector.single_observation_space == single.observation_space
+        assert collector.single_action_space == single.action_space
+        assert collector.observation_space.shape == (3, 3) and collector.action_space.shape == (3, 1)
+        assert collector.observation_space.dtype == np.float32
+        single.close()
+        assert next(collector)["obs"].shape == (2, 3, 3)
+    if placement["backend"] == "thread":
+        envs.close()

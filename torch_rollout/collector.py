@@ -13,6 +13,7 @@ from typing import Any, Concatenate, ParamSpec
 import gymnasium
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -31,12 +32,11 @@ from torch_rollout.loop._checkpoint import Progress
 from torch_rollout.loop._compile import check_compile_policy
 from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
-from torch_rollout.loop._stats import Setting, Stats, StatsClock, available_cores
+from torch_rollout.loop._stats import Stats, StatsClock
 from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, resolve_backend
 from torch_rollout.placements._env_calls import EnvCalls
 from torch_rollout.placements._protocol import Placement
-from torch_rollout.placements._settings import PlacementSettings
 from torch_rollout.util._warnings import warn
 
 __all__ = ["Collector"]
@@ -190,6 +190,8 @@ class Collector:
     """
 
     envs: VectorEnv | None
+    single_observation_space: gymnasium.Space[Any]  # one env's: ready at construction, on every placement
+    single_action_space: gymnasium.Space[Any]
     policy: nn.Module
     _backend: str
     num_workers: int
@@ -257,16 +259,13 @@ class Collector:
         )
         self.policy, self.gae, self.keys, self.seed = policy, gae, keys, seeding
         self._backend, self.num_workers, self.prefetch = chosen.name, chosen.num_workers, settings.prefetch
-        self.num_steps, self.num_envs, self.timeout, self.total_timesteps = (
-            num_steps,
-            num_envs,
-            timeout,
-            total_timesteps,
-        )
+        self.num_steps, self.num_envs = num_steps, num_envs
+        self.timeout, self.total_timesteps = timeout, total_timesteps
         self._weight_pairs = WeightPairs(policy, settings.copy_why, settings.copy_fix)
         self._placement: Placement = chosen.build(envs, policy, settings)
         self.envs = self._placement.envs
-        self._setting = _verdict_setting(chosen, settings, live_envs=isinstance(envs, VectorEnv))
+        self.single_observation_space, self.single_action_space = self._placement.spaces
+        self._setting = chosen.verdict_setting(settings, live_envs=isinstance(envs, VectorEnv))
         self._clock = StatsClock()
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
@@ -376,6 +375,18 @@ class Collector:
             >>> envs.close()
         """
         return self._backend
+
+    @property
+    def observation_space(self) -> gymnasium.Space[Any]:
+        """The observations of all ``num_envs`` envs, as gymnasium batches :attr:`single_observation_space`: ready
+        right after construction on every placement (worker processes and Ray actors report their envs' spaces),
+        to size an agent without building an env of its own."""
+        return batch_space(self.single_observation_space, self.num_envs)
+
+    @property
+    def action_space(self) -> gymnasium.Space[Any]:
+        """The actions of all ``num_envs`` envs, batched from :attr:`single_action_space`."""
+        return batch_space(self.single_action_space, self.num_envs)
 
     @property
     def env_calls(self) -> EnvCalls:
@@ -544,25 +555,6 @@ def _check_gae(gae: Any) -> None:
             f"Collector: gae must be a torch_rollout.GAE(gamma=..., gae_lambda=...) or None, got "
             f"{type(gae).__name__} {gae!r}"
         )
-
-
-def _verdict_setting(backend: Backend, settings: PlacementSettings, *, live_envs: bool) -> Setting:
-    """What the verdict of :meth:`Collector.stats` knows of the collector."""
-    spec = settings.spec
-    return Setting(
-        backend=backend.name,
-        num_workers=backend.num_workers,
-        num_envs=settings.num_envs,
-        num_steps=spec.num_steps,
-        prefetch=settings.prefetch,
-        device=settings.device.type,
-        live_envs=live_envs,
-        check_finite=spec.check_finite,
-        info_keys=len(spec.info_keys or ()),
-        cores=available_cores(),
-        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        threads=torch.get_num_threads() if backend.name == "thread" else 1,  # a worker acts with one
-    )
 
 
 def _claim(envs: Any, collector: Collector) -> int | None:

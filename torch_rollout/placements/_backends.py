@@ -25,6 +25,7 @@ from torch import nn
 from torch_rollout.envs._gym import EnvRecipe, build_envs, check_picklable
 from torch_rollout.loop._arguments import check_int
 from torch_rollout.loop._spec import LoopSpec
+from torch_rollout.loop._stats import Setting, available_cores
 from torch_rollout.loop._weights import acting_copy, check_policy_device
 from torch_rollout.placements._protocol import Placement
 from torch_rollout.placements._script import import_problem, main_globals, main_problem, unguarded_call
@@ -74,6 +75,24 @@ class Backend:
             timeout=timeout,
             copy_why=why,
             copy_fix=fix,
+        )
+
+    def verdict_setting(self, settings: PlacementSettings, *, live_envs: bool) -> Setting:
+        """What the verdict of :meth:`Collector.stats` knows of the collector."""
+        spec = settings.spec
+        return Setting(
+            backend=self.name,
+            num_workers=self.num_workers,
+            num_envs=settings.num_envs,
+            num_steps=spec.num_steps,
+            prefetch=settings.prefetch,
+            device=settings.device.type,
+            live_envs=live_envs,
+            check_finite=spec.check_finite,
+            info_keys=len(spec.info_keys or ()),
+            cores=available_cores(),
+            gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            threads=torch.get_num_threads() if self.name == "thread" else 1,  # a worker acts with one
         )
 
     def build(self, envs: VectorEnv | EnvRecipe, policy: nn.Module, settings: PlacementSettings) -> Placement:

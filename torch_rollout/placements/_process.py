@@ -417,7 +417,12 @@ def _worker_main(
             loop = worker_loop(envs, setup, forward, device=device, stop=lambda: bool(ctrl[_STOP]))
             conn.send(
                 Ready(
-                    {"autoreset_mode": loop.autoreset_mode.value, "envs": repr(envs), "row_bytes": loop.min_row_bytes()}
+                    {
+                        "autoreset_mode": loop.autoreset_mode.value,
+                        "envs": repr(envs),
+                        "row_bytes": loop.min_row_bytes(),
+                        "spaces": (envs.single_observation_space, envs.single_action_space),
+                    }
                 )
             )
             _serve(conn, loop, setup, envs)

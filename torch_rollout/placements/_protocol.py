@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import collections
-from typing import Protocol
+from typing import Any, Protocol
 
+from gymnasium import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor
@@ -31,6 +32,10 @@ class Placement(Protocol):
     @property
     def envs(self) -> VectorEnv | None:
         """The live vector env when it steps in this process, else None."""
+
+    @property
+    def spaces(self) -> tuple[Space[Any], Space[Any]]:
+        """One env's observation and action spaces (``single_observation_space``, ``single_action_space``)."""
 
     @property
     def weights(self) -> dict[str, Tensor] | None:

@@ -443,7 +443,8 @@ class _RayWorker:
                 self.loop = worker_loop(self.envs, setup, self.forward, device=device, stop=self.is_canceled)
         except BaseException as exc:
             return self._error(exc)
-        return Ready({**info, "autoreset_mode": self.loop.autoreset_mode.value})
+        spaces = (self.envs.single_observation_space, self.envs.single_action_space)
+        return Ready({**info, "autoreset_mode": self.loop.autoreset_mode.value, "spaces": spaces})
 
     def forward(self, call: PolicyCall) -> tuple[Any, int]:
         return self.act(call), self.version

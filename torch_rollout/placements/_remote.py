@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gymnasium import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 
@@ -65,6 +66,7 @@ class RemotePlacement:
 
     envs: VectorEnv | None = None  # the envs step in the workers
     autoreset_mode: AutoresetMode
+    spaces: tuple[Space[Any], Space[Any]]  # one env's, from the workers' Ready
 
     def __init__(self, *, num_envs: int, num_workers: int, device: torch.device) -> None:
         self.device = device
@@ -159,6 +161,7 @@ class RemotePlacement:
         if not self._gather("ready", deadline):
             raise self._failure or TimeoutError(f"Collector: {waiting_for} within timeout={timeout} s")
         modes = {self._received[k]["autoreset_mode"] for k in range(self.num_workers)}
+        self.spaces = self._received[0]["spaces"]
         self._received = {}
         if len(modes) > 1:
             raise ValueError(f"Collector: the workers' vector envs run in different autoreset modes {sorted(modes)}")

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from gymnasium import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor, nn
@@ -96,6 +97,10 @@ class _LocalPlacement:
     def autoreset_mode(self) -> AutoresetMode:
         """The envs' autoreset mode as the loop reads it now (an undeclared env's, once its steps showed it)."""
         return self.loop.autoreset_mode
+
+    @property
+    def spaces(self) -> tuple[Space[Any], Space[Any]]:
+        return self.envs.single_observation_space, self.envs.single_action_space
 
     # -- weights -------------------------------------------------------------------------------
 
