@@ -30,10 +30,27 @@ from torch_rollout.envs._spaces import (
 )
 from torch_rollout.util._warnings import warn
 
-__all__ = ["NumpyEnvs", "SendRecvEnvs", "is_async_pool"]
+__all__ = ["check_whole_steps", "NumpyEnvs", "SendRecvEnvs", "is_async_pool"]
 
 # check_finite's report: (what, env index, value, call) -> raises.
 NonFinite = Callable[[str, int, Any, str], NoReturn]
+
+
+def check_whole_steps(envs: VectorEnv) -> None:
+    """Refuses a vector env that steps only some of its envs at a time and is no send/recv pool (ale-py's
+    ``AtariVectorEnv`` with ``batch_size < num_envs``): its steps would not fit the collector's rows.
+
+    Raises:
+        ValueError: naming ``batch_size`` and the fix.
+    """
+    batch_size = getattr(envs.unwrapped, "batch_size", None)
+    if isinstance(batch_size, int) and 0 < batch_size < envs.num_envs and not is_async_pool(envs):
+        raise ValueError(
+            f"Collector: envs ({type(envs.unwrapped).__name__}) steps batch_size={batch_size} of its "
+            f"num_envs={envs.num_envs} envs at a time (an asynchronous mode); the collector steps every env at "
+            f"every step: build it with batch_size={envs.num_envs} (or leave batch_size at its default), or use an "
+            "EnvPool pool in async mode through torch_rollout.envpool_envs"
+        )
 
 
 def is_async_pool(envs: VectorEnv) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from gymnasium.vector import VectorEnv
 
 from torch_rollout.envs._envpool import check_envpool
-from torch_rollout.envs._numpy import NumpyEnvs, SendRecvEnvs, is_async_pool
+from torch_rollout.envs._numpy import NumpyEnvs, SendRecvEnvs, check_whole_steps, is_async_pool
 from torch_rollout.envs._seam import EnvDriver
 from torch_rollout.envs._torch import TorchEnvs, presents_torch
 from torch_rollout.loop._acting import Forward
@@ -29,6 +29,7 @@ __all__ = ["make_loop"]
 def make_loop(envs: VectorEnv, forward: Forward, spec: LoopSpec, place: LoopPlace) -> RolloutLoop:
     """The loop over ``envs``' driver, run where ``place`` says (its device, first seed, stop, env offset)."""
     check_envpool(envs, place.seed)  # a pool of the user's own given a seed (it would ignore it)
+    check_whole_steps(envs)  # ale-py's AtariVectorEnv in its asynchronous mode
     if is_async_pool(envs):
         kind: type[Any] = SendRecvEnvs
     elif presents_torch(envs):
