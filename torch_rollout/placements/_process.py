@@ -336,11 +336,13 @@ class ProcessPlacement(RemotePlacement):
             cause = f"exited with code {code}"
         start, count = self.shares[k]
         if kind == "ready":
-            # It died before running any of our code: most often while re-importing the trainer's script.
+            # It died before running any of our code: while re-importing the trainer's script (most often), or
+            # unpickling its arguments; only its traceback tells which.
             return RuntimeError(
                 f"Collector: worker process {k} (pid {process.pid}, envs {start}..{start + count - 1}) {cause} "
                 "before its envs were built; its traceback is on stderr. Worker processes import the trainer's "
-                "__main__ script again: the code that creates the Collector must sit under "
+                "__main__ script again, then unpickle the envs, the policy and their locks: if the traceback "
+                "shows the script's import running a Collector, the code that creates the Collector must sit under "
                 "'if __name__ == \"__main__\":' (or pass backend='thread')"
             )
         return RuntimeError(
