@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
@@ -223,6 +224,7 @@ def test_sample_names_a_bad_batch_size(bad):
     ring.write(_rows(obs=torch.zeros(3, 1)))
     with pytest.raises(ValueError, match=rf"batch_size must be a positive int \(the rows to draw\), got \w+ {bad!r}"):
         ring.sample(bad)
+    assert ring.sample(np.int64(2)).batch_size == (2,)  # an integer of NumPy's is one
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

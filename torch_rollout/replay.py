@@ -8,6 +8,7 @@ ring's device), so the training loop sees only the ring.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -158,14 +159,18 @@ class ReplayRing:
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
         """``batch_size`` rows drawn uniformly (with replacement) from those held, as a TensorDict."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        try:
+            rows = operator.index(batch_size)  # an int, or an integer that says it is one (NumPy's)
+        except TypeError:
+            rows = 0
+        if isinstance(batch_size, bool) or rows < 1:
             raise ValueError(
                 f"ReplayRing.sample: batch_size must be a positive int (the rows to draw), got "
                 f"{type(batch_size).__name__} {batch_size!r}"
             )
         if self.storage is None or self.size == 0:
             raise RuntimeError("ReplayRing.sample: the ring is empty; fill it from a collector first")
-        index = torch.randint(self.size, (batch_size,), device=self.device, generator=generator)
+        index = torch.randint(self.size, (rows,), device=self.device, generator=generator)
         return self.storage[index]
 
     def rows(self) -> TensorDict:
