@@ -295,3 +295,20 @@ def test_a_plain_attribute_changed_on_the_policy_acts_at_once_where_the_policy_i
         policy.scale = 0.5
         assert (next(collector)["value"] == 0.5).all()
     envs.close()
+
+
+def test_a_changed_plain_attribute_that_is_no_number_is_named_with_its_own_fix():
+    policy = ScaledPolicy()
+    policy.mode = "greedy"  # set before the Collector: watched from its construction on
+    envs = FAULTY(num_envs=2)
+    with Collector(envs, policy, num_steps=4, device="cpu", prefetch=1, backend="thread", timeout=TIMEOUT) as c:
+        next(c)
+        policy.mode = "sample"
+        message = (
+            "Collector: the policy's attribute 'mode' was 'greedy' when the Collector was built and is now 'sample', "
+            "but the copy of the policy that acts (prefetch=1) still has 'greedy': only tensors travel to it. Create "
+            "a new Collector after changing it, or pass prefetch=0 to act with the module itself"
+        )
+        with pytest.raises(ValueError, match=re.escape(message)):
+            next(c)
+    envs.close()

@@ -95,12 +95,18 @@ class PlainSettings:
             if now is value or (type(now) is type(value) and now == value):
                 continue
             shown = "was deleted" if now is _MISSING else f"is now {now!r}"
+            if isinstance(value, (bool, int, float)):  # a number: a buffer carries it
+                fix = (
+                    f"Make it a buffer, which every weight refresh carries (self.register_buffer({name!r}, "
+                    f"torch.tensor({value!r})), then policy.{where}.fill_(x)), or pass {self.fix} to act with the "
+                    "module itself"
+                )
+            else:
+                fix = f"Create a new Collector after changing it, or pass {self.fix} to act with the module itself"
             raise ValueError(
                 f"Collector: the policy's attribute {where!r} was {value!r} when the Collector was built and {shown}, "
                 f"but the copy of the policy that acts ({self.why}) still has {value!r}: only tensors travel to it. "
-                f"Make it a buffer, which every weight refresh carries (self.register_buffer({name!r}, "
-                f"torch.tensor({value!r})), then policy.{where}.fill_(x)), or pass {self.fix} to act with the "
-                "module itself"
+                + fix
             )
 
 
