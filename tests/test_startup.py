@@ -253,6 +253,7 @@ def test_the_package_sets_no_private_attribute_of_multiprocessing():
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"(forkserver|multiprocessing|util|spawn|connection)\.\w*\._\w+\s*=(?!=)", line)
         or re.search(r"(forkserver|multiprocessing|util|spawn|connection)\._\w+\s*=(?!=)", line)
+        or "forkserver._forkserver" in line  # the private server object itself, under any name later
     ]
     assert found == []
 
