@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from gymnasium.vector import AutoresetMode
@@ -111,7 +111,7 @@ class ReplayRing:
                 return self._put({key: value[index] for key, value in leaves.items()}, len(index))
         return self._put(leaves, rows)
 
-    def _missing(self, batch: TensorDictBase, key: str) -> None:
+    def _missing(self, batch: TensorDictBase, key: str) -> NoReturn:
         fix = (
             " (pass keys=BatchKeys(next_obs=True) to the Collector)"
             if key.startswith("next_") and "next_obs" not in batch.keys()
