@@ -344,3 +344,40 @@ def test_the_advice_printed_never_names_a_placement_just_measured_slower():
     # a placement measured faster is not named as slower
     faster = _Row(options={"backend": Processes(num_workers=2), "prefetch": 1}, stats=[measured(1200.0, "process")])
     assert "not advised" not in _table([best, faster], faster, wall=1.0)
+
+
+def test_a_collector_of_the_same_envs_and_shape_leaves_out_of_its_verdict_what_tune_measured_slower(monkeypatch):
+    """tune's timings stubbed (Processes(2) at 0.8x the thread), everything else real: the trials' collectors, and a
+    collector of an env that sleeps, whose own account is env-bound on the 4 cores it is told it has."""
+    import torch_rollout.tuning as tuning
+    from torch_rollout.loop._stats import Setting, Stats, WorkerStats
+
+    monkeypatch.setattr("torch_rollout.placements._backends.available_cores", lambda: 4)
+    setting = Setting(
+        backend="thread", num_workers=1, num_envs=N, num_steps=T, prefetch=0, device="cpu", live_envs=False,
+        check_finite=False, info_keys=0, cores=4, gpus=0,
+    )  # fmt: skip
+
+    def stubbed_time(collector: Collector, update: object, window: float) -> Stats:
+        fps = 1000.0 if collector.num_workers == 1 else 800.0
+        worker = WorkerStats(env=8.0, policy=1.0, collector=1.0, idle=0.0, frames=int(fps * 10))
+        return Stats(
+            seconds=10.0, frames=int(fps * 10), batches=10, env=8.0, policy=1.0, collector=1.0, idle=0.0, wait=9.0,
+            workers=(worker,), setting=setting,
+        )  # fmt: skip
+
+    monkeypatch.setattr(tuning, "_time", stubbed_time)
+    make_envs = functools.partial(make_slow_envs, pause=0.002)
+
+    def verdict(num_steps: int) -> str:
+        with Collector(make_envs, ConstantPolicy(), num_envs=N, num_steps=num_steps, prefetch=0, device="cpu") as c:
+            for _, _ in zip(range(3), c):
+                pass
+            return c.stats().verdict()
+
+    assert "Processes(num_workers=2)" in verdict(T)  # the account's expectation, unmeasured
+    placements = [{"backend": "thread", "prefetch": 0}, {"backend": Processes(num_workers=2), "prefetch": 1}]
+    tune(make_envs, ConstantPolicy(), num_envs=N, num_steps=T, seconds=0.1, placements=placements, device="cpu")
+    after = verdict(T)
+    assert "Processes(" not in after and "a faster env" in after  # measured slower here: not offered
+    assert "Processes(num_workers=2)" in verdict(2 * T)  # another batch shape, which tune did not measure

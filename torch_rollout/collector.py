@@ -32,7 +32,7 @@ from torch_rollout.loop._checkpoint import Progress
 from torch_rollout.loop._compile import check_compile_policy
 from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
-from torch_rollout.loop._stats import Stats, StatsClock
+from torch_rollout.loop._stats import Stats, StatsClock, tuned_key, tuned_slower
 from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, resolve_backend
 from torch_rollout.placements._env_calls import EnvCalls
@@ -267,6 +267,7 @@ class Collector:
         self.single_observation_space, self.single_action_space = self._placement.spaces
         self._setting = chosen.verdict_setting(settings, live_envs=isinstance(envs, VectorEnv))
         self._clock = StatsClock()
+        self._tuned_key = tuned_key(given, num_envs, num_steps)  # what tune() measured here leaves the verdict
         self._progress = Progress(total_timesteps, num_steps, num_envs)
         self._error: BaseException | None = None
         self._driven = _claim(given if isinstance(given, gymnasium.Env) else envs, self)
@@ -417,7 +418,12 @@ class Collector:
             ``collector``, ``idle`` and ``wait`` in seconds, ``shares()``, ``verdict()``, ``workers``.
         """
         accounts = self._placement.accounts()
-        stats = self._clock.stats(accounts, frames_per_batch=self.num_steps * self.num_envs, setting=self._setting)
+        stats = self._clock.stats(
+            accounts,
+            frames_per_batch=self.num_steps * self.num_envs,
+            setting=self._setting,
+            tuned=tuned_slower(self._tuned_key),
+        )
         if reset:
             self._clock.reset(accounts)
         return stats

@@ -28,7 +28,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from torch_rollout.collector import Collector
 from torch_rollout.envs._gym import build_envs
 from torch_rollout.loop._arguments import check_int, resolve_num_envs
-from torch_rollout.loop._stats import Stats, available_cores
+from torch_rollout.loop._stats import Stats, available_cores, record_tuned, tuned_key
 from torch_rollout.placements._backends import Backend, Processes
 from torch_rollout.placements._forkserver import start_workers_early
 
@@ -89,6 +89,9 @@ def tune(
     ``next()``. A placement that the Collector refuses (a live vector env in
     worker processes, envs or a policy that do not pickle, a split of the envs
     that a recipe refuses) gets a row saying why, and is not tried again.
+    A Collector of the same ``envs``, ``num_envs`` and ``num_steps`` in this
+    process leaves the placements measured slower out of its ``stats()``
+    verdict, as the table's own account line does.
 
     What it measures is collection as a trainer that does nothing else sees
     it. A trainer that trains between batches favours the placements that
@@ -165,6 +168,8 @@ def _trials(
     _run_rounds(rows, setting, seconds)
     best = max((row for row in rows if row.stats), key=lambda row: row.median)
     print(_table(rows, best, perf_counter() - began))
+    # a Collector of these envs and batch shape leaves what was measured slower out of its verdict
+    record_tuned(tuned_key(envs, n, num_steps), _measured_slower(rows, best))
     return rows, best
 
 

@@ -13,13 +13,24 @@ built or the account was last reset.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import NamedTuple
 
-__all__ = ["NO_TOTALS", "Account", "Setting", "Stats", "Totals", "WorkerStats"]
+__all__ = [
+    "NO_TOTALS",
+    "Account",
+    "Setting",
+    "Stats",
+    "Totals",
+    "WorkerStats",
+    "record_tuned",
+    "tuned_key",
+    "tuned_slower",
+]
 
 
 class Totals(NamedTuple):
@@ -144,6 +155,8 @@ class Stats:
         workers: each loop's :class:`WorkerStats`, in worker order (one for the thread); a worker's
             account counts up to its last batch.
         setting: the collector's placement and settings, for :meth:`verdict`.
+        tuned_slower: the placements (as their ``repr``) that :func:`torch_rollout.tune` measured slower than its
+            best in this process, for these envs and this batch shape; the verdict does not offer them.
 
     ``str(stats)`` is one line: frames per second, the loops' shares of their
     time, the trainer's share spent waiting, and the verdict. Stats pickle.
@@ -159,6 +172,7 @@ class Stats:
     wait: float
     workers: tuple[WorkerStats, ...]
     setting: Setting
+    tuned_slower: tuple[str, ...] = ()
 
     @property
     def fps(self) -> float:
@@ -185,8 +199,10 @@ class Stats:
         """What bounds the run, measured by this account, and the change that would help (or that none would).
 
         Each lever says what it expects and why. ``slower``: placements (as their ``repr``, e.g.
-        ``"Processes(num_workers=2)"``) measured slower than this run's on this machine, which it does not offer.
+        ``"Processes(num_workers=2)"``) measured slower than this run's on this machine, which it does not offer;
+        it leaves out those of ``tuned_slower`` too.
         """
+        slower = (*slower, *self.tuned_slower)
         if self.batches == 0 or self.seconds <= 0:
             return "no batch delivered yet: nothing to judge"
         waiting = self.wait / self.seconds
@@ -321,6 +337,7 @@ class Stats:
             wait=self.wait - earlier.wait,
             workers=workers,
             setting=self.setting,
+            tuned_slower=self.tuned_slower,
         )
 
     def __str__(self) -> str:
@@ -355,7 +372,9 @@ class StatsClock:
         self.start = perf_counter()
         self.baseline = (self.wait, self.work, self.delivered, workers)
 
-    def stats(self, workers: list[Totals], *, frames_per_batch: int, setting: Setting) -> Stats:
+    def stats(
+        self, workers: list[Totals], *, frames_per_batch: int, setting: Setting, tuned: tuple[str, ...] = ()
+    ) -> Stats:
         wait0, work0, delivered0, base = self.baseline
         per_worker = []
         for k, totals in enumerate(workers):
@@ -384,4 +403,35 @@ class StatsClock:
             wait=self.wait - wait0,
             workers=tuple(per_worker),
             setting=setting,
+            tuned_slower=tuned,
         )
+
+
+# What tune() measured slower than its best in this process, per envs and batch shape: a collector of the same envs
+# and shape leaves those placements out of its verdict. The verdict's worker lever is an expectation from the
+# account (the bounding phase on more cores); what a worker process costs besides (its hand-off of each batch, its
+# share of the cores with the trainer) only a measurement on the machine tells.
+_TUNED_SLOWER: dict[tuple[str, int, int], frozenset[str]] = {}
+
+
+def tuned_key(envs: object, num_envs: int, num_steps: int) -> tuple[str, int, int]:
+    """The envs (an env id, the function that makes them, or a live env's class and id) and the batch shape."""
+    if isinstance(envs, str):
+        name = envs
+    else:
+        made_by = envs.func if isinstance(envs, functools.partial) else envs
+        spec = getattr(envs, "spec", None)
+        name = f"{getattr(made_by, '__module__', '')}.{getattr(made_by, '__qualname__', type(made_by).__qualname__)}"
+        if spec is not None and getattr(spec, "id", None):
+            name += f"[{spec.id}]"
+    return name, int(num_envs), int(num_steps)
+
+
+def record_tuned(key: tuple[str, int, int], slower: Iterable[str]) -> None:
+    """tune()'s measurement for ``key``: the placements slower than its best (replacing an earlier one's)."""
+    _TUNED_SLOWER[key] = frozenset(slower)
+
+
+def tuned_slower(key: tuple[str, int, int]) -> tuple[str, ...]:
+    """The placements tune() last measured slower for ``key`` in this process, sorted; none when it did not run."""
+    return tuple(sorted(_TUNED_SLOWER.get(key, ())))
