@@ -31,6 +31,7 @@ from _common import REPO_ROOT, machine_info, write_json
 
 WINDOW = 20  # the examples' return_window: "mean" is the mean return of the last 20 episodes
 PPO, SAC = "examples/ppo.py", "examples/sac.py"
+PPO_CONTINUOUS, PPO_LSTM = "examples/ppo_continuous.py", "examples/ppo_lstm.py"
 # group: (target mean return, steps at which the mean is read, [(script, config, overrides, eval?)])
 GROUPS: dict[str, tuple[float, list[int], list[tuple[str, str | None, list[str], bool]]]] = {
     "ppo_cartpole": (475.0, [], [(PPO, "configs/ppo_cartpole.yaml", [f"seed={s}"], False) for s in (1, 2, 3)]),
@@ -39,12 +40,12 @@ GROUPS: dict[str, tuple[float, list[int], list[tuple[str, str | None, list[str],
         [],
         [(PPO, None, ["seed=1"], False), (PPO, "configs/ppo_cartpole_torch.yaml", ["seed=1"], False)],
     ),
-    "ppo_halfcheetah": (1500.0, [999_424], [(PPO, "configs/ppo_halfcheetah.yaml", ["seed=1"], True)]),
+    "ppo_halfcheetah": (1500.0, [999_424], [(PPO_CONTINUOUS, "configs/ppo_halfcheetah.yaml", ["seed=1"], True)]),
     "ppo_cartpole_novel_lstm": (
         475.0,
         [300_032],
-        [(PPO, "configs/ppo_cartpole_novel_lstm.yaml", [f"seed={s}"], True) for s in (1, 2, 3)]
-        + [(PPO, "configs/ppo_cartpole_novel_lstm.yaml", ["seed=1", "lstm_size=0"], True)],
+        [(PPO_LSTM, "configs/ppo_cartpole_novel_lstm.yaml", [f"seed={s}"], True) for s in (1, 2, 3)]
+        + [(PPO_LSTM, "configs/ppo_cartpole_novel_lstm.yaml", ["seed=1", "lstm_size=0"], True)],
     ),
     "sac_pendulum": (
         -200.0,

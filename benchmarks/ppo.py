@@ -13,7 +13,7 @@ Three tables ("suites"):
   config in the other modes, and SB3 with the hyperparameters read from that
   config (8 x 125 steps, 10 epochs, 4 minibatches, lr 1e-3, no entropy bonus,
   no value clipping, ...).
-- ``halfcheetah``: HalfCheetah-v5 by mode, ``configs/ppo_halfcheetah.yaml``
+- ``halfcheetah``: HalfCheetah-v5 by mode, ``examples/ppo_continuous.py`` with ``configs/ppo_halfcheetah.yaml``
   with ``normalize_obs=false normalize_reward=false`` in every row, since the
   example keeps normalize_obs to the thread backend; only when mujoco is
   installed. Reported, without a best-mode line.
@@ -52,6 +52,7 @@ from _common import REPO_ROOT, machine_info, markdown_table, quiet_warnings, rec
 __all__ = ["run", "to_markdown", "HYPERPARAMETERS", "MODES", "SUITES"]
 
 EXAMPLE = REPO_ROOT / "examples" / "ppo.py"
+CONTINUOUS = REPO_ROOT / "examples" / "ppo_continuous.py"  # Box actions with the normalising wrappers
 CARTPOLE_CONFIG = REPO_ROOT / "configs" / "ppo_cartpole.yaml"
 HALFCHEETAH_CONFIG = REPO_ROOT / "configs" / "ppo_halfcheetah.yaml"
 HYPERPARAMETERS = {
@@ -97,7 +98,7 @@ def _steady_rate(ends: list[float], steps_per_iteration: int) -> float:
 # ------------------------------------------------------------------------------ one run per process
 
 
-def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dict[str, Any]:
+def run_example(total_timesteps: int, config: Path, overrides: list[str], script: Path = EXAMPLE) -> dict[str, Any]:
     """Launches ``examples/ppo.py --config config`` with ``overrides`` and reads its progress.csv.
 
     The example logs one CSV row per iteration with ``step``, ``wall_time``
@@ -105,7 +106,7 @@ def run_example(total_timesteps: int, config: Path, overrides: list[str]) -> dic
     from the first and last rows.
     """
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as run_dir:
-        command = [sys.executable, str(EXAMPLE), "--config", str(config), f"total_timesteps={total_timesteps}"]
+        command = [sys.executable, str(script), "--config", str(config), f"total_timesteps={total_timesteps}"]
         command += [f"run_dir={run_dir}", *overrides]
         start = time.perf_counter()
         proc = subprocess.run(
@@ -165,8 +166,6 @@ def cleanrl_overrides(seed: int) -> list[str]:
         f"max_grad_norm={H['max_grad_norm']}",
         f"hidden_size={H['hidden']}",
         "norm_adv=true",
-        "normalize_obs=false",
-        "normalize_reward=false",
         "target_kl=null",
         f"adam_eps={H['adam_eps']}",
     ]
@@ -186,7 +185,7 @@ def example_config(path: Path) -> dict[str, Any]:
 
 def hyperparameters_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The example's config in the terms of ``HYPERPARAMETERS`` (for SB3)."""
-    if cfg["normalize_obs"] or cfg["normalize_reward"] or cfg["clip_action"]:
+    if cfg.get("normalize_obs") or cfg.get("normalize_reward") or cfg.get("clip_action"):
         raise ValueError("hyperparameters_of: the SB3 worker does not mirror the normalising or clipping wrappers")
     return {
         "num_envs": cfg["num_envs"],
@@ -422,7 +421,7 @@ def suite_halfcheetah() -> Suite:
         common = ["normalize_obs=false", "normalize_reward=false", "device=cpu"]
         for mode, overrides in MODES.items():
             runners[f"torch_rollout {mode}"] = lambda n, s, o=overrides: run_example(
-                n, HALFCHEETAH_CONFIG, [f"seed={s}", *common, *o]
+                n, HALFCHEETAH_CONFIG, [f"seed={s}", *common, *o], CONTINUOUS
             )
     return Suite(
         "End-to-end PPO, HalfCheetah-v5, configs/ppo_halfcheetah.yaml without obs/reward normalisation",

@@ -1,9 +1,6 @@
-"""What examples/ppo.py and examples/sac.py both use: config files and `key=value` overrides, `--help`, the run
-folder, the CSV (and TensorBoard) log, the mean return of recent episodes and the collector's account of its time.
-
-Everything of one algorithm lives in its script. They import this module as `common` (it sits beside them), also
-in worker processes, which run the script again.
-"""
+"""What the example scripts share: config files and `key=value` overrides, `--help`, the run folder, the CSV (and
+TensorBoard) log, the mean return of recent episodes and the collector's account of its time. The scripts import
+it as `common` (it sits beside them), also in worker processes, which run the script again."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import csv
 import dataclasses
 import importlib
 import inspect
+import json
 import math
 import re
 import shutil
@@ -25,30 +23,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
-from torch_rollout import Collector, Stats, start_workers_early
-
-__all__ = [
-    "STATS_FIELDS",
-    "ConfigError",
-    "Intervals",
-    "Logger",
-    "RecentReturns",
-    "import_optional",
-    "load_config",
-    "make_run_dir",
-    "make_parser",
-    "print_collector",
-    "report_stats",
-    "shares_text",
-    "stats_row",
-    "sum_over_ranks",
-    "yaml_scalar",
-]
-
+from torch_rollout import Collector, Stats
 
 # ---------------------------------------------------------------------------- config files and the command line
 
@@ -66,8 +44,7 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         (expected,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     name = expected.__name__ if expected is annotation else f"{expected.__name__} or None"
     error = ConfigError(f"config key {key!r}: expected {name}, got {value!r} ({type(value).__name__})")
-    # bool is an int subclass: True must not pass as num_envs=1, nor 1 as a flag
-    if isinstance(value, bool) != (expected is bool):
+    if isinstance(value, bool) != (expected is bool):  # bool is an int: True is no num_envs=1, nor 1 a flag
         raise error
     if expected is float and isinstance(value, (int, str)):
         try:
@@ -82,14 +59,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
 def load_config(
     config_cls: type, path: str | Path | None = None, overrides: Sequence[str] = (), *, base: dict | None = None
 ) -> Any:
-    """Builds a `config_cls` from `base` (a checkpoint's config), the YAML file at `path`, then `key=value` overrides.
-
-    Override values are read as YAML scalars (`true`, `null`, `3e-4`, `128`); string
-    fields take the text as it is.
-
-    Raises:
-        ConfigError: an unknown key, a value of the wrong type, or a malformed override.
-    """
+    """A `config_cls` from `base` (a checkpoint's config), the YAML file at `path`, then `key=value` overrides: YAML
+    scalars (`true`, `null`, `3e-4`, `128`), or the text as it is for a string field. Raises ConfigError."""
     hints = typing.get_type_hints(config_cls)
     values: dict[str, Any] = {}
 
@@ -104,22 +75,18 @@ def load_config(
     for key, value in (base or {}).items():
         set_value(key, value, "checkpoint")
     if path is not None:
-        for key, value in _read_config_file(path).items():
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        for key, value in loaded.items():
             set_value(str(key), value, str(path))
     for item in overrides:
         key, value = _parse_override(item, hints)
         set_value(key, value, f"override {item!r}")
     return config_cls(**values)
-
-
-def _read_config_file(path: str | Path) -> dict:
-    try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
-    return loaded
 
 
 def _parse_override(item: str, hints: dict[str, Any]) -> tuple[str, Any]:
@@ -143,25 +110,18 @@ def import_optional(module: str, key: str, package: str) -> types.ModuleType:
     except ImportError:
         raise ConfigError(
             f"{key}=true needs {package}, which is not installed: pip install -e '.[examples]' in the torch_rollout "
-            "clone "
-            f"(or pip install {package}), or leave {key} off"
+            f"clone (or pip install {package}), or leave {key} off"
         ) from None
 
 
 def yaml_scalar(value: Any) -> str:
-    """A config value as it is typed in a KEY=VALUE override or a YAML file."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    """A config value as it is typed in a KEY=VALUE override or a YAML file (null, true, false, 3e-4, text)."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
 def config_help(config_cls: type, doc: str, default_config: Path) -> str:
-    """Every config key, its default and the comment beside it, grouped by the dataclass's headings, for `--help`.
-
-    The examples at the end are the `Usage::` part of the script's docstring `doc`.
-    """
+    """For `--help`: every config key, its default and the comment beside it, grouped by the dataclass's headings
+    (of its base classes first); then the `Usage::` part of the script's docstring `doc`."""
     defaults = {field.name: field.default for field in dataclasses.fields(config_cls)}
     shipped = yaml.safe_load(default_config.read_text())
     width = max(shutil.get_terminal_size().columns - 2, 60)  # as argparse wraps its own help
@@ -171,7 +131,8 @@ def config_help(config_cls: type, doc: str, default_config: Path) -> str:
         width,
     )
     # the source is the one place the descriptions are written: the comments beside the fields
-    for line in inspect.getsource(config_cls).splitlines():
+    source = [inspect.getsource(cls) for cls in reversed(config_cls.__mro__) if dataclasses.is_dataclass(cls)]
+    for line in "\n".join(source).splitlines():
         if heading := re.fullmatch(r"    # (.+)", line):
             lines += ["", f"{heading[1]}:"]
         elif field := re.fullmatch(r"    (\w+): [^#]+?  # (.+)", line):
@@ -179,23 +140,14 @@ def config_help(config_cls: type, doc: str, default_config: Path) -> str:
             if name in shipped and shipped[name] != defaults[name]:
                 text += f" [{default_config.name}: {yaml_scalar(shipped[name])}]"
             key = f"  {name}={yaml_scalar(defaults[name])} ".ljust(30)
-            lines += textwrap.wrap(
-                text,
-                width,
-                initial_indent=key,
-                subsequent_indent=" " * 30,
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
+            wrap = {"break_long_words": False, "break_on_hyphens": False}
+            lines += textwrap.wrap(text, width, initial_indent=key, subsequent_indent=" " * 30, **wrap)
     usage = textwrap.dedent(doc.partition("Usage::")[2]).strip("\n")
     return "\n".join(lines) + "\n\nexamples:\n" + textwrap.indent(usage, "  ")
 
 
 def make_parser(doc: str, config_cls: type, default_config: Path) -> argparse.ArgumentParser:
-    """The script's command line: `--config` and KEY=VALUE overrides; `--help` lists every config key.
-
-    A script adds its own options; `parser.error(str(error))` reports a ConfigError as argparse reports its own.
-    """
+    """The script's command line: `--config` and KEY=VALUE overrides; `--help` lists every config key."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n")[0],
         epilog=config_help(config_cls, doc, default_config),
@@ -209,37 +161,19 @@ def make_parser(doc: str, config_cls: type, default_config: Path) -> argparse.Ar
 # ---------------------------------------------------------------------------- returns, run folder and log
 
 
-def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
-    """`x` summed over the ranks; `x` itself in a single process."""
-    if dist.is_initialized():
-        x = x.clone()
-        dist.all_reduce(x)
-    return x
-
-
 class RecentReturns:
-    """The mean return of the last `window` episodes and the count of episodes, of all ranks under torchrun.
-
-    Under torchrun every rank calls `add` once per batch (it sums over the ranks); the mean is over each rank's
-    last `window` episodes.
-    """
+    """The mean return of the last `window` episodes and the count of episodes (ppo_ranks.py's: of all ranks)."""
 
     def __init__(self, window: int, returns: Iterable[float] = (), episodes: int = 0) -> None:
-        self.returns: deque[float] = deque(returns, maxlen=window)  # this rank's
+        self.returns: deque[float] = deque(returns, maxlen=window)
         self.episodes = episodes
-        self.mean = math.nan  # until the first episode ends
+        self.mean = float(np.mean(self.returns)) if self.returns else math.nan  # nan until an episode ends
 
     def add(self, returns: torch.Tensor) -> None:
         """Records the returns [E] of the episodes that ended in a batch."""
         self.returns.extend(returns.tolist())
-        ended = len(returns)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            totals = torch.tensor([ended, sum(self.returns), len(self.returns)], dtype=torch.float64)
-            ended, total, count = sum_over_ranks(totals.to(returns.device)).tolist()
-            self.mean = total / count if count else self.mean
-        elif self.returns:
-            self.mean = float(np.mean(self.returns))
-        self.episodes += int(ended)
+        self.episodes += len(returns)
+        self.mean = float(np.mean(self.returns)) if self.returns else self.mean
 
 
 def make_run_dir(cfg: Any, *, write: bool = True) -> Path:
@@ -252,30 +186,22 @@ def make_run_dir(cfg: Any, *, write: bool = True) -> Path:
 
 
 class Logger:
-    """progress.csv, one row per call of `log`; with `tensorboard`, the same scalars and every episode's return.
+    """progress.csv, a row per `log` (missing fields as nan); with `tensorboard`, the same scalars as events. With
+    `resume_step`, what a stopped run logged after its checkpoint at that step is dropped, to be logged again."""
 
-    A row's missing fields are written as nan. With `resume_step`, the rows (and events) that a stopped run
-    logged after its checkpoint at that step are dropped: the resumed run logs them again.
-    """
-
-    def __init__(
-        self, run_dir: Path, fields: list[str], *, resume_step: int | None = None, tensorboard: bool = False
-    ) -> None:
-        path = run_dir / "progress.csv"
-        kept = []
+    def __init__(self, run_dir: Path, fields: list[str], *, resume_step: int | None = None, tensorboard: bool = False):
+        path, kept = run_dir / "progress.csv", []
         if resume_step is not None and path.exists():
             with open(path, newline="") as f:
                 kept = [row for row in csv.DictReader(f) if int(float(row["step"])) <= resume_step]
-        self.fields = fields
-        self.file = open(path, "w", newline="")
+        self.fields, self.file = fields, open(path, "w", newline="")
         self.csv = csv.DictWriter(self.file, fieldnames=fields)
         self.csv.writeheader()
         self.csv.writerows(kept)
         self.tb = None
         if tensorboard:
-            tensorboard_module = import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
-            purge_step = None if resume_step is None else resume_step + 1
-            self.tb = tensorboard_module.SummaryWriter(str(run_dir), purge_step=purge_step)
+            board = import_optional("torch.utils.tensorboard", "track_tensorboard", "tensorboard")
+            self.tb = board.SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
 
     def log(self, row: dict[str, float]) -> None:
         row = {key: row.get(key, math.nan) for key in self.fields}
@@ -286,23 +212,22 @@ class Logger:
                 if key != "step" and not math.isnan(value):
                     self.tb.add_scalar(key, value, int(row["step"]))
 
-    def close(self) -> None:
-        self.file.close()
-        if self.tb is not None:
-            self.tb.close()
-
     def __enter__(self) -> Logger:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
 
 # ---------------------------------------------------------------------------- the collector's account
 
 
-# The collector's account of each log interval (collector.stats(), docs/bottleneck.md): the collection loops' shares
-# of their time and the share of the trainer's time spent waiting for batches.
+# The collector's account of each log interval (docs/bottleneck.md): the loops' shares and the trainer's wait
 STATS_FIELDS = ["time/env_share", "time/policy_share", "time/collector_share", "time/idle_share", "time/wait_share"]
 
 
@@ -320,69 +245,54 @@ class Intervals:
         self.collector, self.last = collector, None
 
     def take(self) -> Stats:
-        stats = self.collector.stats()  # since the collector was built; the interval's is the difference
-        interval = stats if self.last is None else stats - self.last
+        stats, last = self.collector.stats(), self.last  # since the collector was built: take the difference
         self.last = stats
-        return interval
+        return stats if last is None else stats - last
 
 
 def shares_text(stats: Stats) -> str:
     """The shares, short enough for a progress bar: `env 41% pol 33% col 9% idle 17% wait 62%`."""
-    shares = stats.shares()
-    wait = stats.wait / stats.seconds if stats.seconds > 0 else 0.0
-    names = {"env": "env", "policy": "pol", "collector": "col", "idle": "idle"}
-    return " ".join(f"{names[key]} {100 * value:.0f}%" for key, value in shares.items()) + f" wait {100 * wait:.0f}%"
-
-
-def start_workers_for(backend: str) -> None:
-    """With worker processes (or "auto", which picks them for a CPU agent), their fork server starts now: it
-    imports torch while the agent is built, instead of at the collector."""
-    if backend in ("process", "auto"):
-        start_workers_early()
+    names = {"env": "env", "policy": "pol", "collector": "col", "idle": "idle", "wait": "wait"}
+    return " ".join(f"{names[key[5:-6]]} {100 * value:.0f}%" for key, value in stats_row(stats).items())
 
 
 def print_collector(collector: Collector) -> None:
-    """The run's first line: where the collector runs (what backend=auto chose), how far ahead, on which device.
-
-    Written as the config keys that choose them (backend=thread prefetch=0 collects in lockstep in this process).
-    Through tqdm.write, which keeps a progress bar below it intact.
-    """
+    """The run's first line: where the collector runs (what backend=auto chose), how far ahead, on which device,
+    as the config keys that choose them; through tqdm.write, which keeps a progress bar below it intact."""
     tqdm.write(
         f"collector: backend={collector.backend} num_workers={collector.num_workers} "
         f"prefetch={collector.prefetch} device={collector.device}"
     )
 
 
-def plot_shares(run_dir: Path, *, title: str) -> None:
-    """time_shares.png from progress.csv: the collection loops' shares of their time and the trainer's wait, per row.
-
-    Stacked: env steps, the policy's forward, the collector's own work and idle (waiting for the trainer) sum to
-    the loops' time; the line is the share of the trainer's time spent waiting for batches in next().
-    """
+def report_stats(collector: Collector, run_dir: Path, *, title: str, window: int | None = None) -> None:
+    """After the run: the collector's account of the whole run (what bounded it), and from progress.csv
+    time_shares.png (the loops' shares of their time, stacked, and the trainer's wait) and, with `window`,
+    learning_curve.png (the mean return of the last `window` episodes)."""
+    print(f"collector over the run: {collector.stats()}")
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
     with open(run_dir / "progress.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("time/env_share")]
-    if not rows:
-        return
+        rows = list(csv.DictReader(f))
     steps = [int(float(r["step"])) for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
     names = {"env": "env steps", "policy": "policy forward", "collector": "collector's work", "idle": "idle"}
+    fig, ax = plt.subplots(figsize=(6, 4))
     shares = [[100 * float(r[f"time/{key}_share"]) for r in rows] for key in names]
     ax.stackplot(steps, shares, labels=list(names.values()), alpha=0.8)
-    wait = [100 * float(r["time/wait_share"]) for r in rows]
-    ax.plot(steps, wait, color="black", label="trainer waiting in next()")
-    ax.set(xlabel="env steps", ylabel="% of the time", ylim=(0, 100), title=title)
+    ax.plot(steps, [100 * float(r["time/wait_share"]) for r in rows], color="black", label="trainer waiting")
+    ax.set(xlabel="env steps", ylabel="% of the time", ylim=(0, 100), title=f"where the time goes: {title}")
     ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(run_dir / "time_shares.png", dpi=100)
-    plt.close(fig)
-
-
-def report_stats(collector: Collector, run_dir: Path, *, title: str) -> None:
-    """After the run: the collector's account of the whole run (what bounded it), and time_shares.png."""
-    print(f"collector over the run: {collector.stats()}")
-    plot_shares(run_dir, title=f"where the time goes: {title}")
+    plots = [(fig, "time_shares.png")]
+    if window is not None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(steps, [float(r["charts/mean_return"]) for r in rows])
+        ax.set(xlabel="env steps", ylabel=f"mean return of the last {window} episodes", title=title)
+        ax.grid(alpha=0.3)
+        plots.append((fig, "learning_curve.png"))
+    for fig, name in plots:
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=100)
+        plt.close(fig)

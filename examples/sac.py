@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, also when
 import common  # noqa: E402
 from common import ConfigError  # noqa: E402
 
-from torch_rollout import BatchKeys, Collector, Processes, gym_envs  # noqa: E402
+from torch_rollout import BatchKeys, Collector, Processes, gym_envs, start_workers_early  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sac_pendulum.yaml"
 
@@ -284,12 +284,10 @@ class SAC:
 
 
 def train(cfg: Config) -> float:
-    """Trains SAC as configured; writes progress.csv and config.yaml into the run folder.
-
-    Returns the final mean return.
-    """
+    """Trains SAC as configured; writes the run folder (progress.csv, config.yaml); returns the final mean return."""
     start = time.perf_counter()
-    common.start_workers_for(cfg.backend)
+    if cfg.backend in ("process", "auto"):  # their fork server imports torch now, while the agent is built
+        start_workers_early()
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)

@@ -1,5 +1,6 @@
-"""Time to solve Isaac Lab's Isaac-Cartpole-Direct on the CPU: examples/ppo.py through the collector against Isaac
-Lab's own training stack (rsl_rl's OnPolicyRunner over RslRlVecEnvWrapper, with the task's CartpoleDirectPPORunnerCfg).
+"""Time to solve Isaac Lab's Isaac-Cartpole-Direct on the CPU: examples/ppo_continuous.py through the collector
+against Isaac Lab's own training stack (rsl_rl's OnPolicyRunner over RslRlVecEnvWrapper, with the task's
+CartpoleDirectPPORunnerCfg).
 
 Run from the repository root, in Isaac Lab's venv (sims/build.sh isaaclab)::
 
@@ -10,7 +11,7 @@ Both train on the same env (sims/isaaclab_setup.py: 256 envs on Newton/MuJoCo-Wa
 thread, each run in a fresh process, interleaved (rsl_rl seed 42, ours seed 42, rsl_rl seed 1, ...). A run's clock
 starts once its env is built, before the first step: the wrapper, the runner or collector, the networks and every
 step and update after count. The mean return is the same for both: the mean of the undiscounted returns of the last
-(up to) 100 episodes that ended, rsl_rl's ``Mean reward`` (its logger's reward buffer) and examples/ppo.py's
+(up to) 100 episodes that ended, rsl_rl's ``Mean reward`` (its logger's reward buffer) and examples/ppo_continuous.py's
 mean_return with return_window=100, read after each iteration. A run reaches the target at the end of the first
 iteration whose mean return is >= 4.67 (Isaac Lab's threshold of 280 of 300, with 3.0's rewards scaled by the step);
 a run that has not within 150 iterations (rsl_rl's max_iterations for the task) or 120 s has not reached it. Writes
@@ -49,7 +50,7 @@ class Reached(Exception):
 
 
 def timed_cartpole(num_envs: int, *, seed: int = 0):
-    """examples/ppo.py's env recipe here: isaaclab_setup's, stamping when the env is built."""
+    """examples/ppo_continuous.py's env recipe here: isaaclab_setup's, stamping when the env is built."""
     global BUILT
     from sims.isaaclab_setup import cartpole_direct
 
@@ -96,12 +97,12 @@ def run_rsl_rl(seed: int) -> dict:
 
 
 def run_ours(seed: int) -> dict:
-    """examples/ppo.py with configs/ppo_isaac_cartpole.yaml, stopped at the target."""
+    """examples/ppo_continuous.py with configs/ppo_isaac_cartpole.yaml, stopped at the target."""
     import csv
 
-    spec = importlib.util.spec_from_file_location("ppo", ROOT / "examples" / "ppo.py")
+    spec = importlib.util.spec_from_file_location("ppo_continuous", ROOT / "examples" / "ppo_continuous.py")
     ppo = importlib.util.module_from_spec(spec)
-    sys.modules["ppo"] = ppo  # dataclasses resolves annotations through sys.modules
+    sys.modules["ppo_continuous"] = ppo  # dataclasses resolves annotations through sys.modules
     spec.loader.exec_module(ppo)
     run_dir = tempfile.mkdtemp(prefix="ppo-isaac-")
     overrides = [f"seed={seed}", f"run_dir={run_dir}", f"stop_return={TARGET}", "env_recipe=__main__:timed_cartpole"]
@@ -132,7 +133,7 @@ def plot(results: dict) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"rsl_rl": "tab:orange", "ours": "tab:blue"}
-    labels = {"rsl_rl": "Isaac Lab's rsl_rl runner", "ours": "examples/ppo.py + Collector"}
+    labels = {"rsl_rl": "Isaac Lab's rsl_rl runner", "ours": "examples/ppo_continuous.py + Collector"}
     for side in SIDES:
         for i, run in enumerate(results["runs"][side]):
             times, means = [p[0] for p in run["curve"]], [p[1] for p in run["curve"]]

@@ -7,7 +7,7 @@ hinged pole, from an MJCF file written here (no download). Like the example, the
 ``step(actions) -> (obs, privileged_obs or None, rewards, dones, extras)``, resets ended envs inside ``step``, puts
 the time-outs in ``extras["time_outs"]`` as floats and keeps no final observation; ``layout="rsl_rl 3.x"`` steps
 the same env the later way, ``(TensorDict of groups, rewards, dones, extras)``. ``genesis_cartpole`` is the env
-through ``FromRslRl``, as examples/ppo.py's env_recipe builds it (``env_recipe:
+through ``FromRslRl``, as examples/ppo_continuous.py's env_recipe builds it (``env_recipe:
 sims.genesis_setup:genesis_cartpole``).
 """
 
@@ -180,5 +180,5 @@ class GenesisCartPole:
 
 def genesis_cartpole(num_envs: int, *, episode_steps: int = 200, seed: int = 0) -> FromRslRl:
     """``GenesisCartPole`` through ``FromRslRl``, time-outs bootstrapped from V(s_t) (the env keeps no final
-    observation): a module-level recipe, for worker processes and examples/ppo.py too."""
+    observation): a module-level recipe, for worker processes and examples/ppo_continuous.py too."""
     return FromRslRl(GenesisCartPole(num_envs, episode_steps=episode_steps, seed=seed), bootstrap="last_obs")

@@ -3,7 +3,7 @@ Newton/MuJoCo-Warp on Warp's CPU device, as the integration tests and the benchm
 
 Run in Isaac Lab's venv (sims/build.sh), with the checkout on PYTHONPATH. ``make_isaac_env("direct", 256)`` is
 ``gym.make("Isaac-Cartpole-Direct", cfg=...)`` with ``cfg.compute_final_obs = True``; ``cartpole_direct`` is
-that env as examples/ppo.py's env_recipe builds it (``env_recipe: sims.isaaclab_setup:cartpole_direct``).
+that env as examples/ppo_continuous.py's env_recipe builds it (``env_recipe: sims.isaaclab_setup:cartpole_direct``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class RandomEpisodeStarts(FromIsaacLab):
 
 def cartpole_direct(num_envs: int, *, seed: int = 0) -> FromIsaacLab:
     """``Isaac-Cartpole-Direct`` (``make_isaac_env("direct", ...)``) as a vector env with random episode starts
-    (``RandomEpisodeStarts``): an env recipe of examples/ppo.py."""
+    (``RandomEpisodeStarts``): an env recipe of examples/ppo_continuous.py."""
     return RandomEpisodeStarts(make_isaac_env("direct", num_envs, seed=seed))
 
 

@@ -1,7 +1,7 @@
-"""One rank of examples/ppo.py under torchrun, recording what the test of data-parallel training compares.
+"""One rank of examples/ppo_ranks.py under torchrun, recording what the test of data-parallel training compares.
 
-``torchrun --standalone --nproc_per_node K tests/ppo_ranks.py OUT KEY=VALUE ...`` trains as
-``examples/ppo.py KEY=VALUE ...`` would, and each rank writes ``OUT/rank<r>.pt``: the first
+``torchrun --standalone --nproc_per_node K tests/rank_of_ppo_ranks.py OUT KEY=VALUE ...`` trains as
+``examples/ppo_ranks.py KEY=VALUE ...`` would, and each rank writes ``OUT/rank<r>.pt``: the first
 row of observations of each of its batches, its agent's weights before training and after.
 """
 
@@ -18,25 +18,22 @@ import torch.distributed as dist
 def main(out: Path, overrides: list[str]) -> None:
     # by its module name, which worker processes import again to build the envs from its recipe
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-    import ppo
+    import ppo_ranks
 
     first_rows, agents = [], []
 
-    class RecordingCollector(ppo.Collector):
+    class RecordingCollector(ppo_ranks.Collector):
+        def __init__(self, envs, policy, **options):  # built right after the agent: its initial weights
+            agents.append((policy, {k: v.clone() for k, v in policy.state_dict().items()}))
+            super().__init__(envs, policy, **options)
+
         def __next__(self):
             batch = super().__next__()
             first_rows.append(batch["obs"][0].clone())
             return batch
 
-    make_agent = ppo.make_agent
-
-    def recording_make_agent(*args, **kwargs):
-        agent = make_agent(*args, **kwargs)
-        agents.append((agent, {k: v.clone() for k, v in agent.state_dict().items()}))
-        return agent
-
-    ppo.Collector, ppo.make_agent = RecordingCollector, recording_make_agent
-    ppo.main(overrides)  # joins torchrun's process group, and leaves it at the end
+    ppo_ranks.Collector = RecordingCollector
+    ppo_ranks.main(overrides)  # joins torchrun's process group, and leaves it at the end
     ((agent, initial),) = agents
     assert not dist.is_initialized()
     torch.save(
