@@ -2,13 +2,16 @@
 # (mypy), then runs the test-suite but for the Ray tests, and the float-sensitive test files a second time on
 # other CPU kernels (`make test-kernels`).
 # `make test-ray` runs the Ray tests, whose actors each start a fresh interpreter (most of the suite's CPU).
-# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/.
+# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/; `make test
+# COVERAGE=1` and `make test-ray COVERAGE=1` run their part of it under coverage.py (what CI does, so that the suite
+# runs once), and `make coverage-report` combines and reports what they measured.
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
 # `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10
 # and 3.13), each in a venv of its own that tests/pythons.sh builds once, outside the checkout; PYTHONS='3.10'
 # chooses.
+# `make venvs` builds the venvs of test-pythons and test-sims, once, and runs nothing.
 # `make bench-sims` times each of them (sims/bench_throughput.py: the env alone, a hand-written loop and the
 # collector's placements), in the same venvs, and writes benchmarks/results/sims_NAME.json; SIMS chooses too.
 
@@ -37,7 +40,17 @@ PYTHONS_ROOT ?= $(HOME)/.cache/torch_rollout/pythons
 SIMS ?= $(basename $(notdir $(wildcard sims/requirements/*.txt)))
 SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 
-.PHONY: run test test-ray test-kernels test-pythons coverage test-sims bench-sims lint clean
+.PHONY: run test test-ray test-kernels test-pythons coverage coverage-report test-sims bench-sims venvs lint clean
+
+# The suite's pytest command; with COVERAGE=1 under coverage.py (pyproject.toml's [tool.coverage.*]): the worker
+# processes, their fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute
+# COVERAGE_FILE, whatever their working directory), and import torch_rollout from here (a PYTHONPATH that wins over
+# an install of another copy, which coverage would not count).
+ifeq ($(COVERAGE),1)
+PYTEST := COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m coverage run -m pytest
+else
+PYTEST := $(PY) -m pytest
+endif
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,15 +63,24 @@ run: $(VENV)/.installed
 	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
 
 test: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray
-	$(MAKE) --no-print-directory test-kernels
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --without-ray
+	$(MAKE) --no-print-directory test-kernels COVERAGE=
 
 test-ray: $(VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --only-ray
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --only-ray
 
 # The float-sensitive files on the other kernels (without Ray: its actors run the same code as the workers)
 test-kernels: $(VENV)/.installed
 	$(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
+
+# Builds (once) the venvs of test-pythons and test-sims without running anything in them: .ci/run builds them while
+# the suite runs (downloads and unpacking, mostly waiting on the network and the disk).
+venvs:
+	@for entry in $(PYTHONS); do \
+		version=$${entry%%:*}; pins=; case "$$entry" in *:*) pins=$$(echo "$${entry#*:}" | tr , ' ');; esac; \
+		bash tests/pythons.sh "$$version" '$(PYTHONS_ROOT)' '$(TORCH_SPEC)' $$pins || exit 1; \
+	done
+	TORCH_ROLLOUT_SIMS='$(SIMS_ROOT)' bash sims/build.sh $(SIMS)
 
 # Every Python of PYTHONS runs, and the target fails if any did.
 test-pythons:
@@ -71,19 +93,17 @@ test-pythons:
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pythons: failed on Python$$failed"; exit 1; fi
 
-# `make test`'s pytest command under coverage.py (pyproject.toml's [tool.coverage.*]): the worker processes, their
-# fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute COVERAGE_FILE,
-# whatever their working directory), and import torch_rollout from here (a PYTHONPATH that wins over an install
-# of another copy, which coverage would not count). The report fails below [tool.coverage.report] fail_under.
+# The whole suite under coverage.py, then its report, which fails below [tool.coverage.report] fail_under
 coverage: $(VENV)/.installed
 	$(PY) -m coverage erase
-	COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(MAKE) --no-print-directory test COVERAGE=1
+	$(MAKE) --no-print-directory test-ray COVERAGE=1
+	$(MAKE) --no-print-directory coverage-report
+
+coverage-report: $(VENV)/.installed
 	$(PY) -m coverage combine --quiet
 	$(PY) -m coverage report
 
-# One pytest run per framework, in its venv, with this checkout on PYTHONPATH (not installed there); every
-# framework runs, and the target fails if any did.
 test-sims:
 	TORCH_ROLLOUT_SIMS='$(SIMS_ROOT)' bash sims/build.sh $(SIMS)
 	@failed=; for name in $(SIMS); do \

@@ -115,7 +115,8 @@ def _unique(params: Any) -> list[Any]:
 # that runs the other Ray tests, whatever its file: each worker would start a local Ray of its own (seconds of
 # CPU, two more CPUs' worth of Ray workers on the machine). That group goes out first: it is the longest.
 RAY_GROUP = "Ray tests"
-_RAY_ID = re.compile(r"\[(?:[^\]]*-)?ray\d+(?:-[^\]]*)?\]$")  # the ray2 placement among the test's parameters
+# the ray2 placement among the test's parameters, or a docs block that starts Ray (tests/test_docs.py: page:line-ray)
+_RAY_ID = re.compile(r"\[(?:[^\]]*-)?ray\d+(?:-[^\]]*)?\]$|\[[^\]]*:\d+-ray\]$")
 
 
 def xdist_scope(nodeid: str) -> str:

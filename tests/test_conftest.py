@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -31,9 +32,23 @@ def test_the_collected_tests_go_to_the_ray_group_exactly_when_they_run_on_ray(re
     wrong = [
         item.nodeid
         for item in items
-        if (xdist_scope(item.nodeid) == RAY_GROUP) != (_on_ray(item) or item.nodeid.startswith("tests/test_ray.py::"))
+        if (xdist_scope(item.nodeid) == RAY_GROUP)
+        != (_on_ray(item) or _ray_file(item) or _docs_block_imports_ray(item))
     ]
     assert wrong == []
+
+
+def _ray_file(item: pytest.Item) -> bool:
+    return item.nodeid.startswith("tests/test_ray.py::")
+
+
+def _docs_block_imports_ray(item: pytest.Item) -> bool:
+    """A block of the docs whose code imports Ray (tests/test_docs.py): it starts a local Ray."""
+    callspec = getattr(item, "callspec", None)
+    code = (
+        callspec.params.get("code", "") if callspec is not None and item.nodeid.startswith("tests/test_docs.py") else ""
+    )
+    return bool(re.search(r"^import ray$|^from ray[ .]", code, re.MULTILINE))
 
 
 @pytest.mark.parametrize("option", ["--without-ray", "--only-ray", None])

@@ -35,15 +35,20 @@ def python_blocks() -> list[tuple[str, int, str]]:
     return blocks
 
 
-def missing_modules(code: str) -> list[str]:
-    """Top-level modules the block imports that are not installed (optional extras such as torchrl)."""
+def imported_modules(code: str) -> set[str]:
+    """The top-level modules a block imports."""
     names = set()
     for node in ast.walk(ast.parse(code)):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return sorted(name for name in names if importlib.util.find_spec(name) is None)
+    return names
+
+
+def missing_modules(code: str) -> list[str]:
+    """Top-level modules the block imports that are not installed (optional extras such as torchrl)."""
+    return sorted(name for name in imported_modules(code) if importlib.util.find_spec(name) is None)
 
 
 def anchors(page: Path) -> set[str]:
@@ -91,7 +96,12 @@ def python():
         server.close()
 
 
-@pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=[f"{page}:{line}" for page, line, _ in BLOCKS])
+def block_id(page: str, line: int, code: str) -> str:
+    """``page:line``; ``-ray`` after it for a block that starts Ray, which runs with the other Ray tests (conftest)."""
+    return f"{page}:{line}" + ("-ray" if "ray" in imported_modules(code) else "")
+
+
+@pytest.mark.parametrize(("page", "line", "code"), BLOCKS, ids=[block_id(*block) for block in BLOCKS])
 def test_python_block_runs(page, line, code, tmp_path, python):
     where = f"{page} line {line}, the block starting {code.splitlines()[0]!r}"
     missing = missing_modules(code)
