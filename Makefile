@@ -2,9 +2,9 @@
 # (mypy), then runs the test-suite but for the Ray tests, and the float-sensitive test files a second time on
 # other CPU kernels (`make test-kernels`).
 # `make test-ray` runs the Ray tests, whose actors each start a fresh interpreter (most of the suite's CPU).
-# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/; `make test
-# COVERAGE=1` and `make test-ray COVERAGE=1` run their part of it under coverage.py (what CI does, so that the suite
-# runs once), and `make coverage-report` combines and reports what they measured.
+# `make coverage` runs the whole suite under coverage.py and prints its branch coverage of torch_rollout/: `make test
+# COVERAGE=1` (what CI runs, so that the suite runs once) runs make test with the whole suite, the Ray tests
+# included, under coverage.py, and `make coverage-report` combines and reports what it measured.
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
@@ -46,10 +46,14 @@ SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 # processes, their fork server and the tests' Ray actors measure themselves and write .coverage.* here (an absolute
 # COVERAGE_FILE, whatever their working directory), and import torch_rollout from here (a PYTHONPATH that wins over
 # an install of another copy, which coverage would not count).
+# With COVERAGE=1 `make test` runs the whole suite, the Ray tests among the rest (in one of the two processes, while
+# the other runs the other files), so that coverage counts them.
 ifeq ($(COVERAGE),1)
 PYTEST := COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m coverage run -m pytest
+SUITE :=
 else
 PYTEST := $(PY) -m pytest
+SUITE := --without-ray
 endif
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -63,7 +67,7 @@ run: $(VENV)/.installed
 	$(PY) examples/ppo.py --config configs/ppo_cartpole.yaml
 
 test: lint
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --without-ray
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile $(SUITE)
 	$(MAKE) --no-print-directory test-kernels COVERAGE=
 
 test-ray: $(VENV)/.installed
@@ -97,7 +101,6 @@ test-pythons:
 coverage: $(VENV)/.installed
 	$(PY) -m coverage erase
 	$(MAKE) --no-print-directory test COVERAGE=1
-	$(MAKE) --no-print-directory test-ray COVERAGE=1
 	$(MAKE) --no-print-directory coverage-report
 
 coverage-report: $(VENV)/.installed
