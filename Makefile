@@ -107,6 +107,8 @@ coverage-report: $(VENV)/.installed
 	$(PY) -m coverage combine --quiet
 	$(PY) -m coverage report
 
+# One pytest run per framework, in its venv, with this checkout on PYTHONPATH (not installed there); every
+# framework runs, and the target fails if any did.
 test-sims:
 	TORCH_ROLLOUT_SIMS='$(SIMS_ROOT)' bash sims/build.sh $(SIMS)
 	@failed=; for name in $(SIMS); do \
