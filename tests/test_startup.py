@@ -60,7 +60,10 @@ def make_envs(mode, num_envs, start_index=0):
         "environ": os.environ.get("SET_BY_THE_TRAINER"),
         "warning_shown": shown("a warning that the trainer ignores"),
     }}
-    (OUT / f"facts-{{start_index}}.json").write_text(json.dumps(facts))
+    # written whole, then renamed: the other worker waits for the name, and may fail (and this worker be stopped)
+    # as soon as it sees it
+    (OUT / f"facts-{{start_index}}.part").write_text(json.dumps(facts))
+    os.replace(OUT / f"facts-{{start_index}}.part", OUT / f"facts-{{start_index}}.json")
     print(f"worker {{start_index}} built its envs", flush=True)
     # "together": each worker's envs wait for the other worker's start (a start that waited for a Ready before
     # the next would never see both); "fail": worker 1 fails once worker 0 has started, which then must not run on
