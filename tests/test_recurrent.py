@@ -217,6 +217,30 @@ def test_acting_runs_in_eval_mode_and_leaves_the_trainers_module_as_it_was(prefe
         assert torch.equal(buffer, buffers[name]), name
 
 
+def test_acting_on_the_trainers_module_sees_submodules_it_added_or_replaced_between_batches():
+    """prefetch=0 acts with the trainer's module itself: a submodule replaced, added or deleted between batches
+    (in training mode) acts in eval mode too, and is left in training mode."""
+    policy = ModeProbePolicy().train()
+    with Collector(
+        make_counting_envs(NUM_ENVS, mode=AutoresetMode.SAME_STEP),
+        policy,
+        num_steps=NUM_STEPS,
+        device="cpu",
+        backend="thread",
+        prefetch=0,
+        seed=0,
+    ) as collector:
+        assert not next(collector)["training"].any()
+        policy.drop = torch.nn.Dropout(0.5)  # replaced: a new module in training mode
+        assert not next(collector)["training"].any()
+        policy.norm.extra = torch.nn.Dropout(0.5)  # added below a module already listed
+        policy.drop = torch.nn.Sequential(torch.nn.Dropout(0.5))  # a new tree in its place
+        assert not next(collector)["training"].any()
+        del policy.norm.extra
+        assert not next(collector)["training"].any()
+    assert policy.drop.training and policy.drop[0].training and policy.norm.training
+
+
 # ---------------------------------------------------------------------------- errors
 
 

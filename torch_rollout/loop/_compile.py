@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.distributions import Distribution
 
-from torch_rollout.loop._acting import PolicyCall, call_policy
+from torch_rollout.loop._acting import PolicyCall, TrainingModes, call_policy
 from torch_rollout.loop._spec import CudaGraph
 
 __all__ = ["CompiledPolicy", "CudaGraph", "CudaGraphPolicy", "acting_call", "check_compile_policy"]
@@ -95,7 +95,9 @@ def acting_call(
     collector's acting copy (see :func:`call_policy`).
     """
     if compile_options is None:
-        return functools.partial(call_policy, policy, obs_key=obs_key, owned=owned)
+        return functools.partial(
+            call_policy, policy, obs_key=obs_key, owned=owned, modes=None if owned else TrainingModes(policy)
+        )
     if isinstance(compile_options, CudaGraph):
         return CudaGraphPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
     return CompiledPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
@@ -125,6 +127,7 @@ class CompiledPolicy:
     def __init__(self, policy: nn.Module, options: dict[str, Any], *, num_envs: int, obs_key: str, owned: bool) -> None:
         self.policy = policy
         self.owned = owned
+        self.modes = None if owned else TrainingModes(policy)
         self.options = options
         self.num_envs = num_envs
         self.obs_key = obs_key
@@ -147,7 +150,9 @@ class CompiledPolicy:
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            raw = call_policy(self.policy, call, self.obs_key, functions=self.functions, owned=self.owned)
+            raw = call_policy(
+                self.policy, call, self.obs_key, functions=self.functions, owned=self.owned, modes=self.modes
+            )
         except TorchDynamoException as exc:
             which = "get_value" if call.value_only and self.functions[1] is not None else "forward"
             raise RuntimeError(
@@ -189,6 +194,7 @@ class CudaGraphPolicy:
         self.num_envs = num_envs
         self.obs_key = obs_key
         self.owned = owned
+        self.modes = None if owned else TrainingModes(policy)
         weight = next(_weights(policy), None)
         if weight is not None:  # a policy without weights is checked at its first call
             _check_cuda(config, weight.device)
@@ -201,7 +207,7 @@ class CudaGraphPolicy:
     def __call__(self, call: PolicyCall) -> Any:
         if call.value_only or call.obs.shape[0] != self.num_envs:
             with _CAPTURE_LOCK:  # its random ops must not run while another collector records
-                return call_policy(self.policy, call, self.obs_key, owned=self.owned)
+                return call_policy(self.policy, call, self.obs_key, owned=self.owned, modes=self.modes)
         if self.graph is None or (not self.owned and [t.data_ptr() for t in _weights(self.policy)] != self.pointers):
             self._record(call)
         inputs = self.inputs

@@ -394,15 +394,22 @@ class RolloutLoop:
         batch = head.assemble(self.outputs)
         torch.logical_or(head.entry(batch, "terminated"), head.entry(batch, "truncated"), out=head.entry(batch, "done"))
         ahead = self.buffers[0] if self.buffers else None  # the next batch's row 0, when acted already
+        # Arrays on the host: the next observations written through NumPy, from the final observations as kept.
+        on_host = (
+            self.next_obs_key is not None and ahead is None and isinstance(head, HostRows) and head.writes_next_obs()
+        )
         finals = dense = None
-        if self.outputs.has_value or self.next_obs_key is not None:
+        if self.outputs.has_value or (self.next_obs_key is not None and not on_host):
             if self.on_device and self.num_steps <= DENSE_FINALS_STEPS:
                 assert isinstance(head, DeviceRows)  # the rows of a driver on the device
                 dense = head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
             else:
                 finals = head.gather_finals(self.device)
         own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
-        if self.next_obs_key is not None:
+        if on_host:
+            assert self.next_obs_key is not None and self.waiting is not None  # a step's observations wait
+            cast(HostRows, head).write_next_obs(head.entry(batch, self.next_obs_key), self.waiting.obs)
+        elif self.next_obs_key is not None:
             next_obs, obs = head.entry(batch, self.next_obs_key), head.entry(batch, self.obs_key)
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device, copy=False)
             write_next(next_obs, obs, last, finals, dense, own)

@@ -334,6 +334,23 @@ class HostRows(_Rows):
             states = torch.cat([states for *_, states in self.finals if states is not None])
         return torch.from_numpy(ts), torch.from_numpy(envs), obs, states
 
+    def writes_next_obs(self) -> bool:
+        """Whether :meth:`write_next_obs` can write this batch's next observations: arrays stored on the CPU."""
+        return self.on_host and self.flat_obs is not None
+
+    def write_next_obs(self, next_obs: Tensor, last: Any) -> None:
+        """Writes each row's next observation through NumPy: the next row's, ``last`` (the env's observations
+        after the last row) after the last row, and the final observation of each episode that ended.
+
+        Cast to the storage dtype as the rows are (float64 to float32); the same values as
+        :func:`~torch_rollout.loop._bootstrap.write_next` on the gathered final observations, without them.
+        """
+        rows, obs = next_obs.numpy(), self.obs.arrays
+        rows[:-1] = obs[1:]
+        rows[-1] = last
+        for t, index, final, _ in self.finals:
+            rows[t, index] = final
+
     def own_finals(self) -> None:
         """None: host drivers' envs always return a final observation apart (see ``DeviceRows.own_finals``)."""
         return None
