@@ -71,6 +71,31 @@ def test_policy_time_is_counted_as_policy():
     assert "the policy's forward took" in stats.verdict()
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_the_collectors_work_around_the_env_and_policy_calls_is_counted_as_the_collectors(monkeypatch, prefetch):
+    """The checks of what the env returned, the conversion of the actions for it and the checks of the policy's
+    outputs run around the env's and the policy's own calls: slowed down, they show in ``collector`` only."""
+    from torch_rollout.envs._spaces import ActionConverter, ObsChecker
+    from torch_rollout.loop._acting import Acting
+
+    def slowed(method):
+        def slow(*args, **kwargs):
+            time.sleep(SLOW)
+            return method(*args, **kwargs)
+
+        return slow
+
+    monkeypatch.setattr(ObsChecker, "__call__", slowed(ObsChecker.__call__))  # after each reset and step
+    monkeypatch.setattr(ActionConverter, "__call__", slowed(ActionConverter.__call__))  # before each step
+    monkeypatch.setattr(Acting, "check_outputs", slowed(Acting.check_outputs))  # after each forward
+    with collector(prefetch=prefetch) as c:
+        take(c, 2)
+        stats = c.stats()
+    slowed_down = 2 * T * 3 * SLOW  # three sleeps a step at least, over the 2 batches' T steps
+    assert stats.collector >= slowed_down
+    assert stats.env < slowed_down / 4 and stats.policy < slowed_down / 4, stats
+
+
 def test_lockstep_trainer_time_is_the_loops_idle_and_not_waiting():
     pause = 0.05
     with collector() as c:

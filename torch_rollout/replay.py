@@ -110,9 +110,8 @@ class ReplayRing:
                     source = value.numpy()
                     array[start:stop] = source.reshape(rows, *source.shape[dims:])
             else:
-                cuda = self.device.type == "cuda"
                 for value, kept in zip(values, self._kept.values()):
-                    kept[start:stop].view(value.shape).copy_(value, non_blocking=cuda)
+                    copy_into(kept[start:stop].view(value.shape), value)
             self.position = stop % self.capacity
             self.size = min(self.size + rows, self.capacity)
             return rows

@@ -9,6 +9,7 @@ envs that are ready. Both keep their bookkeeping in NumPy on the host.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from time import perf_counter
 from typing import Any, NoReturn
 
 import numpy as np
@@ -106,6 +107,7 @@ class _HostEnvs:
         self.keep_final = True
         self.call = "envs.reset()"
         self.reset_infos: Any = None
+        self.env_seconds = 0.0  # inside the env's own calls: the loop's account of env time
 
     def _check_finite(self, obs: Any, reward: np.ndarray | None, call: str, index: np.ndarray | None = None) -> None:
         """Raises (through ``non_finite``) at the first NaN or inf; ``index`` maps rows to envs."""
@@ -154,7 +156,9 @@ class NumpyEnvs(_HostEnvs):
     def reset(self, seed: int | None) -> StepRecord:
         N = self.num_envs
         self.call = "envs.reset()"
+        began = perf_counter()
         obs, self.reset_infos = self.envs.reset(seed=seed)
+        self.env_seconds += perf_counter() - began
         if isinstance(obs, Tensor) or (isinstance(obs, Mapping) and any(isinstance(v, Tensor) for v in obs.values())):
             raise TypeError(
                 f"Collector: envs.reset() returned torch tensors, but {type(self.envs).__name__} does not say that "
@@ -175,7 +179,9 @@ class NumpyEnvs(_HostEnvs):
 
     def recv(self) -> StepRecord:
         self.call = "envs.step()"
+        began = perf_counter()
         next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
+        self.env_seconds += perf_counter() - began
         self.check_obs(next_obs, "envs.step()")
         if self.check_finite:
             self._check_finite(next_obs, reward, "envs.step()")
@@ -248,7 +254,9 @@ class NumpyEnvs(_HostEnvs):
         if self.keep_final:
             final = (index, select_obs(self.obs_space, next_obs, index))
         self.call = "envs.reset(options={'reset_mask': ...})"
+        began = perf_counter()
         next_obs, _ = self.envs.reset(options={"reset_mask": done})
+        self.env_seconds += perf_counter() - began
         self.check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
         if self.check_finite:
             self._check_finite(next_obs, None, "envs.reset(options={'reset_mask': ...})")
@@ -301,12 +309,14 @@ class SendRecvEnvs(_HostEnvs):
 
     def reset(self, seed: int | None) -> None:
         N = self.num_envs
+        began = perf_counter()
         self._drain()
         self.call = "envs.async_reset()"
         if self.seeds_at_reset:
             self.envs.async_reset(seed=seed)
         else:
             self.envs.async_reset()
+        self.env_seconds += perf_counter() - began
         self.in_flight[:] = True
         self.pending = np.zeros(N, dtype=bool)  # the env's last action awaits its step's result
         self.prev_done = np.zeros(N, dtype=bool)
@@ -343,13 +353,17 @@ class SendRecvEnvs(_HostEnvs):
     def send(self, action: Tensor, ids: np.ndarray | None) -> None:
         env_action = self.to_env_action(action, ids)  # errors name the env, not its place in this recv
         self.call = "envs.send()"
+        began = perf_counter()
         self.envs.send(env_action, self.env_id)
+        self.env_seconds += perf_counter() - began
         self.in_flight[ids] = True
         self.pending[ids] = True
 
     def recv(self) -> StepRecord:
         self.call = "envs.recv()"
+        began = perf_counter()
         obs, reward, terminated, truncated, info = self.envs.recv()
+        self.env_seconds += perf_counter() - began
         self.env_id = info["env_id"]
         ids = np.asarray(self.env_id, dtype=np.intp)
         self.in_flight[ids] = False

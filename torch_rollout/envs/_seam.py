@@ -95,6 +95,7 @@ class EnvDriver(Protocol):
     keep_final: bool  # the loop needs the final observations (set once the policy's outputs are known)
     call: str  # the env call running or made last, for a stuck loop's report
     reset_infos: Any  # the infos of the last reset, for the info keys' structures
+    env_seconds: float  # seconds inside the env's own calls so far; the driver's work around them is not counted
 
     def reset(self, seed: int | None) -> StepRecord | None:
         """Resets every env; the record of their first observations, or None when the first ``recv`` gives them."""

@@ -13,6 +13,7 @@ for at the batch's end.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -95,11 +96,14 @@ class TorchEnvs:
         self.call = "envs.reset()"
         self.reset_infos: Any = None
         self.missing_final: Tensor | None = None
+        self.env_seconds = 0.0  # inside the env's own calls: the loop's account of env time
 
     def reset(self, seed: int | None) -> StepRecord:
         N = self.num_envs
         self.call = "envs.reset()"
+        began = perf_counter()
         obs, self.reset_infos = self.envs.reset(seed=seed)
+        self.env_seconds += perf_counter() - began
         obs = self._check_obs(obs, "envs.reset()")
         leaf = next(iter(obs.values(True, True))) if isinstance(obs, TensorDictBase) else obs
         self.device = env = leaf.device
@@ -126,7 +130,9 @@ class TorchEnvs:
 
     def recv(self) -> StepRecord:
         self.call = "envs.step()"
+        began = perf_counter()
         next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
+        self.env_seconds += perf_counter() - began
         next_obs = self._check_obs(next_obs, "envs.step()")
         reward = self._step_tensor(reward, "reward", torch.float32)
         terminated = self._step_tensor(terminated, "terminated", torch.bool)
@@ -182,7 +188,9 @@ class TorchEnvs:
         else:
             final = next_obs  # DISABLED: what the step returned, before the reset
             self.call = "envs.reset(options={'reset_mask': ...})"
+            began = perf_counter()
             next_obs, _ = self.envs.reset(options={"reset_mask": done})
+            self.env_seconds += perf_counter() - began
             next_obs = self._check_obs(next_obs, "envs.reset(options={'reset_mask': ...})")
         if not self.keep_final:
             final = own = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -232,6 +233,7 @@ class Acting:
         )
         self.layout = None
         self.in_policy = False
+        self.seconds = 0.0  # in the placement's forward so far: the loop's account of policy time
 
     @property
     def _value_key(self) -> str:
@@ -247,9 +249,11 @@ class Acting:
 
     def _call(self, call: PolicyCall) -> tuple[Any, int]:
         self.in_policy = True
+        began = perf_counter()
         try:
             return self.forward(call)
         finally:
+            self.seconds += perf_counter() - began
             self.in_policy = False
 
     def value(self, call: PolicyCall, n: int) -> Tensor:

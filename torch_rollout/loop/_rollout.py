@@ -175,9 +175,7 @@ class RolloutLoop:
     def reset(self) -> None:
         N = self.num_envs
         self.row = None
-        began = perf_counter()
         self.waiting = self.driver.reset(self.seed)
-        self.account.env += perf_counter() - began
         self.buffers = deque()
         self.first_row = 0  # an env's row index of row 0 of buffers[0]
         self.step = 0  # rows acted on since the reset, when every env steps at once
@@ -224,6 +222,10 @@ class RolloutLoop:
             out.copy_(batch)
             batch = out
         ended = perf_counter()
+        # The env's own calls and the policy's, as the driver and the acting side timed them: their work around
+        # those calls (checks, records, conversions) is the collector's.
+        account.env = self.driver.env_seconds
+        account.policy = self.acting.seconds
         account.busy += ended - began
         account.batches += 1
         account.frames += T * N
@@ -248,9 +250,7 @@ class RolloutLoop:
         if self.waiting is not None:
             record, self.waiting = self.waiting, None
             self._act(record)
-        began = perf_counter()
         record = self.driver.recv()
-        self.account.env += perf_counter() - began
         if record.reward is None:  # the first observations of envs just reset
             if self.driver.acts_at_once:
                 self._act(record)
@@ -331,10 +331,7 @@ class RolloutLoop:
         else:
             assert self.recurrent is not None  # whose state it is
             call = PolicyCall(obs, state[0], self.recurrent.is_init_tensor(state[1]))
-        began = perf_counter()
         out_t, version, next_state = self.acting.act(call, n)
-        acted = perf_counter()
-        self.account.policy += acted - began
         if self.outputs is None:
             self.outputs = self.acting.layout
             assert self.outputs is not None  # set by the policy's first call
@@ -342,9 +339,7 @@ class RolloutLoop:
             self.driver.keep_final = self.outputs.has_value or self.next_obs_key is not None
         if self.check_finite:
             self._check_finite_action(out_t["action"], ids)
-        sending = perf_counter()
         self.driver.send(out_t["action"], ids)
-        self.account.env += perf_counter() - sending
         return out_t, version, next_state
 
     def _write_results(self, record: StepRecord, rows: np.ndarray) -> None:
@@ -415,12 +410,10 @@ class RolloutLoop:
             write_next(next_obs, obs, last, finals, dense, own)
         key = self.outputs.value_key
         if key is not None:  # the policy returns values
-            began = perf_counter()
             assert ahead is None or ahead.outputs is not None  # rows acted on: their outputs stored
             last = self._last_value() if ahead is None else ahead.outputs[key][0]  # type: ignore[index]
             next_value, value = head.entry(batch, "next_value"), head.entry(batch, key)
             write_next_values(self.acting, next_value, value, last, finals, dense, own, self.num_envs)
-            self.account.policy += perf_counter() - began
         return batch
 
     def _waiting_obs(self, device: torch.device, *, copy: bool = True) -> Obs:

@@ -339,12 +339,8 @@ class HostRows(_Rows):
         return self.on_host and self.flat_obs is not None
 
     def write_next_obs(self, next_obs: Tensor, last: Any) -> None:
-        """Writes each row's next observation through NumPy: the next row's, ``last`` (the env's observations
-        after the last row) after the last row, and the final observation of each episode that ended.
-
-        Cast to the storage dtype as the rows are (float64 to float32); the same values as
-        :func:`~torch_rollout.loop._bootstrap.write_next` on the gathered final observations, without them.
-        """
+        """Writes each row's next observation through NumPy (cast as the rows are): the next row's, ``last`` (the
+        env's observations after the last row) after the last row, the final one where an episode ended."""
         rows, obs = next_obs.numpy(), self.obs.arrays
         rows[:-1] = obs[1:]
         rows[-1] = last

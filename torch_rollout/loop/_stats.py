@@ -64,8 +64,8 @@ class Account:
     __slots__ = ("batches", "busy", "env", "frames", "idle", "policy", "since")
 
     def __init__(self) -> None:
-        self.env = 0.0  # in the driver's env calls: reset, handing over actions, stepping, receiving
-        self.policy = 0.0  # in the policy's forward: acting, and the bootstrap values of final observations
+        self.env = 0.0  # inside the env's own calls (reset, step, send, recv), as the driver times them
+        self.policy = 0.0  # in the placement's forward: acting, and the bootstrap values of final observations
         self.busy = 0.0  # inside collect(): env + policy + the loop's own work
         self.idle = 0.0  # between the end of one collect() and the start of the next
         self.batches = 0
