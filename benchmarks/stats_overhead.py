@@ -9,9 +9,9 @@ batch's start and end. This script measures, in one process, with one torch thre
 - the collector's time per step in lockstep (``backend="thread", prefetch=0``, the benchmarks' 64x64
   actor-critic) on CartPole-v1, the cheapest env step there is, at the shapes where a step costs least
   (N=1 and N=8 envs, T=1 and T=128 steps per batch);
-- the account's share: timed calls per step (3: receiving the step, the forward, sending the actions; per
-  batch 2 more and one around the bootstrap values, spread over T steps) times the cost of one, over the
-  time of a step.
+- the account's share: timed calls per step (2: the env's step, which the driver times, and the forward; per
+  batch one around the whole batch and one around the bootstrap values' forward, spread over T steps) times
+  the cost of one, over the time of a step.
 
 Usage::
 
@@ -93,7 +93,7 @@ def main() -> None:
     rows = []
     for num_envs, num_steps in SHAPES:
         step = step_seconds(num_envs, num_steps, args.repeats)
-        own = (3 + 3 / num_steps) * cost
+        own = (2 + 2 / num_steps) * cost
         rows.append({"num_envs": num_envs, "num_steps": num_steps, "step_s": step, "account_s": own})
         print(f"| {num_envs} | {num_steps} | {step * 1e6:.1f} us | {own * 1e9:.0f} ns | {100 * own / step:.2f}% |")
     info["date"] = time.strftime("%Y-%m-%d")

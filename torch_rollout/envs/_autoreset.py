@@ -73,8 +73,10 @@ class AutoresetReading:
             ValueError: the env runs, as declared (or as read from earlier steps), in NEXT_STEP or
                 DISABLED mode, and its infos carry final observations.
         """
+        if self.mode == AutoresetMode.SAME_STEP:  # final observations are what it gives: nothing to check
+            return False
         key = final_obs_key(info)
-        if key is None or self.mode == AutoresetMode.SAME_STEP:
+        if key is None:
             return False
         if self.undecided:
             self.mode, self.undecided = AutoresetMode.SAME_STEP, False

@@ -323,7 +323,7 @@ class ActionConverter:
                 f"Collector: policy output 'action' has dtype {action.dtype}, expected an integer dtype "
                 f"for {self.space!r}"
             )
-        cpu = action.device.type == "cpu" and not action.requires_grad
+        cpu = action.is_cpu and not action.requires_grad
         array = action.numpy() if cpu else action.detach().cpu().numpy()
         if self.discrete:
             self._check_range(array, env_ids)

@@ -11,6 +11,7 @@ on the policy's device.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
@@ -85,8 +86,13 @@ def call_policy(
         training = [module for module in policy.modules() if module.training]
     for module in training:
         object.__setattr__(module, "training", False)
-    inputs = _inputs(call, obs_key)
-    versions = [tensor._version for _, tensor in inputs]
+    obs = call.obs
+    if call.state is None and type(obs) is Tensor and not obs.is_inference():  # the usual call: one tensor
+        inputs = [(obs_key, obs)]
+        versions = [obs._version]
+    else:
+        inputs = _inputs(call, obs_key)
+        versions = [tensor._version for _, tensor in inputs]
     try:
         result = _call(policy, call, obs_key, functions)
     finally:
@@ -194,6 +200,10 @@ class OutputLayout:
 
     keys: tuple[str, ...]
     value_key: str | None
+
+    @functools.cached_property
+    def key_set(self) -> frozenset[str]:
+        return frozenset(self.keys)
 
     @property
     def has_value(self) -> bool:
@@ -367,7 +377,7 @@ class Acting:
         if layout is None:
             self._check_names(items)
             self.layout = OutputLayout(tuple(items), value_key)
-        elif items.keys() != set(layout.keys):
+        elif items.keys() != layout.key_set:
             raise ValueError(
                 f"Collector: policy output keys changed from {sorted(layout.keys)} to {sorted(items)} between steps"
             )
@@ -425,7 +435,7 @@ def _items(raw: Any, obs_key: str) -> dict[str, Any]:
 
 
 def _check_output(key: str, value: Any, n: int, device: torch.device) -> None:
-    if not isinstance(value, (Tensor, TensorDictBase)):
+    if type(value) is not Tensor and not isinstance(value, (Tensor, TensorDictBase)):
         raise TypeError(
             f"Collector: policy output {key!r} must be a torch.Tensor of shape [{n}, ...], got {type(value).__name__}"
         )
