@@ -198,6 +198,22 @@ def test_a_batch_whose_dtype_would_lose_information_is_refused_by_name():
     assert ring.rows()["action"].tolist() == [0, 0, 0, 1, 1, 1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_that_require_grad_or_have_no_numpy_dtype_are_written_as_they_are(dtype):
+    """A trainer's own batch (values with their graph, bfloat16 observations) writes the same rows as any other."""
+    ring = ReplayRing(100, ("obs", "value"))
+    written = []
+    for k in range(4):  # the first write makes the storage; the later ones take the usual path
+        obs = torch.arange(6, dtype=dtype).reshape(3, 2) + k
+        value = torch.arange(3.0, requires_grad=True) * (k + 1)
+        assert ring.write(_rows(obs=obs, value=value)) == 3
+        written.append((obs, value.detach()))
+    rows = ring.rows()
+    assert rows["obs"].dtype == dtype and not rows["value"].requires_grad
+    assert torch.equal(rows["obs"], torch.cat([obs for obs, _ in written]))
+    assert torch.equal(rows["value"], torch.cat([value for _, value in written]))
+
+
 def test_a_dict_observation_leaf_that_changes_is_refused_by_name():
     ring = ReplayRing(100, ("obs",))
     ring.write(_rows(obs=TensorDict({"pos": torch.zeros(3, 2), "img": torch.zeros(3, 4, dtype=torch.uint8)}, [3])))

@@ -104,14 +104,15 @@ class ReplayRing:
         if every_row and self._fits(values, rows, dims):  # the usual write: no reset row, no wrap, no new dtype
             start = self.position
             stop = start + rows
-            if self._arrays is not None and all(value.is_cpu for value in values):
+            if self._arrays is not None and all(value.is_cpu and not value.requires_grad for value in values):
                 # Through NumPy on the host: a third of the cost of torch's views at a short batch's few rows.
                 for value, array in zip(values, self._arrays):
                     source = value.numpy()
                     array[start:stop] = source.reshape(rows, *source.shape[dims:])
             else:
-                for value, kept in zip(values, self._kept.values()):
-                    copy_into(kept[start:stop].view(value.shape), value)
+                with torch.no_grad():  # the rows' values, not their graph: the storage stays a leaf
+                    for value, kept in zip(values, self._kept.values()):
+                        copy_into(kept[start:stop].view(value.shape), value)
             self.position = stop % self.capacity
             self.size = min(self.size + rows, self.capacity)
             return rows
@@ -148,6 +149,7 @@ class ReplayRing:
             f"the ring keeps {list(self.keys)}"
         )
 
+    @torch.no_grad()  # the rows' values, not their graph: the storage stays a leaf
     def _put(self, leaves: dict[str, Any], n: int) -> int:
         if self.storage is None:
             self._keep(self._allocate(leaves))
