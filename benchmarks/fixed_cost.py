@@ -28,10 +28,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import torch
-from gymnasium.vector import AutoresetMode
-from offpolicy import QNetwork
+from offpolicy import QNetwork, gym_envs
 
 from torch_rollout import BatchKeys, Collector, ReplayRing
 from torch_rollout.envs._numpy import NumpyEnvs
@@ -93,18 +91,9 @@ class Clocks:
         return timed
 
 
-def make_envs(num_envs: int) -> gym.vector.VectorEnv:
-    return gym.make_vec(
-        "CartPole-v1",
-        num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-    )
-
-
 def run_collector(q: QNetwork, num_envs: int, num_steps: int, batches: int, clocks: Clocks | None) -> float:
     """Seconds per batch of ``ring.fill(collector)``, its first batch left out; ``clocks``: the parts timed."""
-    envs = make_envs(num_envs)
+    envs = gym_envs(num_envs)
     if clocks is not None:
         envs.step = clocks.wrap(envs.step, ENV_PART)
     collector = Collector(
@@ -142,7 +131,7 @@ def timed_run(q: QNetwork, num_envs: int, num_steps: int, batches: int) -> tuple
 
 def hand_loop(q: QNetwork, num_envs: int, steps: int) -> float:
     """Seconds per step of a CleanRL-style loop writing the same rows into a ring of tensors."""
-    loop = RingLoop(make_envs(num_envs), q, Ring(100_000, num_envs, 4), steps=steps, frames=steps * num_envs)
+    loop = RingLoop(gym_envs(num_envs), q, Ring(100_000, num_envs, 4), steps=steps, frames=steps * num_envs)
     loop.step()  # warm-up
     began = time.perf_counter()
     loop.step()

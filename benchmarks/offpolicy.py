@@ -64,7 +64,7 @@ from _common import (
     write_json,
 )
 
-__all__ = ["SHAPES", "factories", "run_shape", "shape_name", "to_markdown"]
+__all__ = ["SHAPES", "QNetwork", "factories", "gym_envs", "run_shape", "shape_name", "to_markdown"]
 
 # (env kind, N, T): "gym" is gymnasium's CartPole-v1 SyncVectorEnv, "torch" torch_rollout.envs.CartPole
 SHAPES = (
@@ -102,7 +102,7 @@ def _ring(shape: _Shape) -> Ring:
     return Ring(RING_FRAMES, shape.batch_frames, OBS_DIM, shape.device)
 
 
-def _gym_envs(num_envs: int) -> gym.vector.VectorEnv:
+def gym_envs(num_envs: int) -> gym.vector.VectorEnv:
     return gym.vector.SyncVectorEnv(
         [lambda: gym.make("CartPole-v1") for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
@@ -124,7 +124,7 @@ class _Shape:
         self.frames = self.batches * self.batch_frames
 
     def envs(self) -> gym.vector.VectorEnv:
-        return _gym_envs(self.num_envs) if self.kind == "gym" else _torch_envs(self.num_envs, self.device)
+        return gym_envs(self.num_envs) if self.kind == "gym" else _torch_envs(self.num_envs, self.device)
 
     def done(self) -> int:
         """The unit's frames, once the device has finished the work queued for them (CUDA runs asynchronously)."""
@@ -204,7 +204,7 @@ class TorchRL:
         from torchrl.envs import GymWrapper
 
         if shape.kind == "gym":
-            env = GymWrapper(_gym_envs(shape.num_envs), categorical_action_encoding=True, device="cpu")
+            env = GymWrapper(gym_envs(shape.num_envs), categorical_action_encoding=True, device="cpu")
             env.set_seed(0)
         else:
             from torch_envs import torchrl_env  # torch CartPole behind TorchRL's EnvBase, on the CPU
