@@ -23,6 +23,11 @@ TORCH_SPEC ?= torch==2.13.0
 # pytest-xdist workers for `make test`, each file in one of them (the Ray tests together, see tests/conftest.py);
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
 TEST_WORKERS ?= 2
+# torch's intra-op threads in each test process and the processes it starts (OMP_NUM_THREADS): one, so that the
+# test processes do not each spin a team of threads on the same cores (on 2 cores the suite took 5 min 6 s with
+# torch's default of 2, 4 min 30 s with 1); e.g. TEST_THREADS= for torch's default.
+TEST_THREADS ?= 1
+TEST_ENV := $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS))
 
 # The test files whose assertions compare floats from different calls (placements, bootstrap calls, batch
 # shapes, GAE against a float64 loop): `make test` runs them again on other CPU kernels, MKL's reproducible code
@@ -49,10 +54,10 @@ SIMS_ROOT ?= $(or $(TORCH_ROLLOUT_SIMS),$(HOME)/.cache/torch_rollout/sims)
 # With COVERAGE=1 `make test` runs the whole suite, the Ray tests among the rest (in one of the two processes, while
 # the other runs the other files), so that coverage counts them.
 ifeq ($(COVERAGE),1)
-PYTEST := COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m coverage run -m pytest
+PYTEST := $(TEST_ENV) COVERAGE_FILE=$(CURDIR)/.coverage PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m coverage run -m pytest
 SUITE :=
 else
-PYTEST := $(PY) -m pytest
+PYTEST := $(TEST_ENV) $(PY) -m pytest
 SUITE := --without-ray
 endif
 
@@ -75,7 +80,7 @@ test-ray: $(VENV)/.installed
 
 # The float-sensitive files on the other kernels (without Ray: its actors run the same code as the workers)
 test-kernels: $(VENV)/.installed
-	$(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
+	$(TEST_ENV) $(OTHER_KERNELS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --without-ray $(FLOAT_TESTS)
 
 # Builds (once) the venvs of test-pythons and test-sims without running anything in them: .ci/run builds them while
 # the suite runs (downloads and unpacking, mostly waiting on the network and the disk).
@@ -92,7 +97,7 @@ test-pythons:
 		version=$${entry%%:*}; pins=; case "$$entry" in *:*) pins=$$(echo "$${entry#*:}" | tr , ' ');; esac; \
 		bash tests/pythons.sh "$$version" '$(PYTHONS_ROOT)' '$(TORCH_SPEC)' $$pins || { failed="$$failed $$version"; continue; }; \
 		echo "== the suite on Python $$version ($(PYTHONS_ROOT)/$$version) $$pins"; \
-		PYTHONPATH='$(CURDIR)' '$(PYTHONS_ROOT)'/$$version/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		$(TEST_ENV) PYTHONPATH='$(CURDIR)' '$(PYTHONS_ROOT)'/$$version/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 			--without-ray -p no:cacheprovider || failed="$$failed $$version"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pythons: failed on Python$$failed"; exit 1; fi
