@@ -7,6 +7,8 @@ longer than everything else.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import pickle
 import time
@@ -290,6 +292,26 @@ def test_a_policy_bound_run_is_not_sent_to_workers_that_would_only_split_its_cor
     env_bound = _stats(_setting(cores=2, threads=2)).verdict()
     assert env_bound.index("Processes(num_workers=2)") < env_bound.index("a faster env")
     assert "expects env steps on 2 cores instead of 1" in env_bound
+
+
+def test_workers_are_not_offered_where_each_step_is_mostly_a_cost_per_call_that_every_worker_would_pay():
+    # A near-free env with a 64x64 actor-critic, N=16, one torch thread, 2 cores: the forward took about 160 us a
+    # step whatever its rows, and Processes(num_workers=2) measured 0.86x-0.90x the thread there (tune).
+    def policy_bound(per_step: float, backend="thread", num_workers=1, cores=2) -> str:
+        steps = 1000
+        setting = _setting(num_envs=16, cores=cores, backend=backend, num_workers=num_workers)
+        stats = _stats(setting, env=0.05 * per_step * steps, policy=per_step * steps, collector=0.3 * per_step * steps)
+        return dataclasses.replace(stats, frames=16 * steps).verdict()
+
+    near_free = policy_bound(160e-6)
+    assert "Processes(" not in near_free and "compile_policy=True" in near_free
+    assert "not more worker processes" in near_free and "160 us a step" in near_free
+    # where the forward costs milliseconds, most of it grows with the rows, which workers share
+    heavy = policy_bound(8e-3)
+    assert "Processes(num_workers=2)" in heavy and "about 2.0x as fast" in heavy
+    # the same measure for a run that already has workers: two of them on 4 cores, each call 160 us
+    assert "Processes(" not in policy_bound(160e-6, backend="process", num_workers=2, cores=4)
+    assert "Processes(num_workers=4)" in policy_bound(8e-3, backend="process", num_workers=2, cores=4)
 
 
 def test_the_verdict_leaves_out_a_placement_measured_slower():

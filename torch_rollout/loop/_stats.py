@@ -138,6 +138,14 @@ _TRAINER_BOUND = 0.10
 _GIL_SHARE = 0.03
 _SHARE_KEYS = ("env", "policy", "collector")
 _PHASES = {"env": "env steps", "policy": "the policy's forward", "collector": "the collector's own work"}
+# Worker processes split the envs, not the steps: each calls the policy and steps its envs as often as one loop
+# does, on fewer rows. What a call costs whatever its rows is not divided among them: a 64x64 actor-critic's
+# forward took 140-170 us on 1 to 64 rows (237 us on 256), one torch thread, on the 2-core machine. The verdict
+# counts this much of each call of the bounding phase as that fixed part, and offers workers only where they would
+# still gain _WORKERS_GAIN (tune measured Processes(num_workers=2) at 0.86x-0.90x the thread where a call of the
+# bounding phase took about 180 us).
+_PER_CALL = 200e-6
+_WORKERS_GAIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,12 @@ class Stats:
                 f"not worker processes: the policy's forward already runs on {in_use} of the {s.cores} cores "
                 f"(torch threads), and {usable} workers would split those cores, not add to them"
             )
+        call, gain = self._split_gain(top, usable)
+        if gain < _WORKERS_GAIN:
+            return None, (
+                f"not more worker processes: each takes every step, on its share of the envs, and {_PHASES[top]} "
+                f"took {call * 1e6:,.0f} us a step, mostly a cost per call that each worker pays in full"
+            )
         if s.live_envs:
             lever = (
                 "a function make_envs(num_envs) instead of the live vector env, to collect in worker processes "
@@ -277,8 +291,18 @@ class Stats:
         else:
             lever = f"backend=torch_rollout.Processes(num_workers={usable}) ({s.cores} cores here)"
         # What it can gain: the phase that bounds the run, on usable cores instead of the ones it has now
-        expects = f"{_PHASES[top]} on {usable} cores instead of {in_use}" if top in _PHASES else f"{usable} cores"
+        expects = f"{_PHASES[top]} on {usable} cores instead of {in_use}, about {gain:.1f}x as fast"
         return f"{lever[:-1]}: expects {expects})", None
+
+    def _split_gain(self, top: str, usable: int) -> tuple[float, float]:
+        """The bounding phase's seconds per step in one loop, and the rate that ``usable`` loops would expect where
+        each step keeps the fixed part of its cost (``_PER_CALL``) and divides the rest among them."""
+        loops = max(self.setting.num_workers if self.setting.backend in ("process", "ray") else 1, 1)
+        steps = loops * self.frames / max(self.setting.num_envs, 1)  # the loops' steps, each on its share of envs
+        call = getattr(self, top) / steps if steps > 0 else 0.0
+        fixed = min(call, _PER_CALL)
+        split = fixed + (call - fixed) * loops / usable
+        return call, call / split if split > 0 else 1.0
 
     def _phase_levers(self, top: str) -> list[str]:
         s = self.setting
