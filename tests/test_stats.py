@@ -8,7 +8,6 @@ longer than everything else.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import pickle
 import time
