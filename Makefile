@@ -34,7 +34,7 @@ TEST_ENV := $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS))
 # path and torch's non-vectorised one, with linear layers whose last bits depend on the call's row count
 # (tests/shaped_floats), so that a comparison that holds only on this CPU's kernels fails here too.
 FLOAT_TESTS ?= tests/test_shaped_floats.py tests/test_gae.py tests/test_torch_loop.py tests/test_collector.py tests/test_next_obs.py \
-	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py
+	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py tests/test_cleanrl_parity.py
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
 # The Pythons of `make test-pythons`, each VERSION or VERSION:PIN,PIN (pins installed beside the extras)
