@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from functools import partial
 
+import gymnasium as gym
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
@@ -239,6 +240,31 @@ def test_acting_on_the_trainers_module_sees_submodules_it_added_or_replaced_betw
         del policy.norm.extra
         assert not next(collector)["training"].any()
     assert policy.drop.training and policy.drop[0].training and policy.norm.training
+
+
+def test_a_batch_that_fails_leaves_the_trainers_module_in_the_modes_it_had():
+    """prefetch=0 switches the trainer's module to eval mode once for the batch: an env that raises mid-batch
+    (and Ctrl-C's KeyboardInterrupt alike) still puts its modes back."""
+
+    class Failing(gym.vector.SyncVectorEnv):
+        steps = 0
+
+        def step(self, actions):  # type: ignore[no-untyped-def]
+            Failing.steps += 1
+            if Failing.steps == 3:
+                assert not policy.training  # inside the batch: in eval mode
+                raise RuntimeError("the env broke")
+            return super().step(actions)
+
+    policy = ModeProbePolicy().train()
+    policy.frozen.eval()
+    modes = {name: module.training for name, module in policy.named_modules()}
+    envs = Failing([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    with Collector(envs, policy, num_steps=4, device="cpu", backend="thread", prefetch=0) as collector:
+        with pytest.raises(RuntimeError, match="the env broke"):
+            next(collector)
+    assert Failing.steps == 3
+    assert {name: module.training for name, module in policy.named_modules()} == modes
 
 
 # ---------------------------------------------------------------------------- errors

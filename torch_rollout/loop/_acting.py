@@ -10,9 +10,10 @@ on the policy's device.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -114,6 +115,7 @@ class TrainingModes:
 
     def __init__(self, policy: nn.Module) -> None:
         self.policy = policy
+        self.held = False  # inside evaluating(): every module is in eval mode already
         self._list()
 
     def _list(self) -> None:
@@ -121,9 +123,29 @@ class TrainingModes:
         self.children = [tuple(module._modules.values()) for module in self.modules]
 
     def training(self) -> list[nn.Module]:
+        if self.held:
+            return []
         if [tuple(module._modules.values()) for module in self.modules] != self.children:
             self._list()
         return [module for module in self.modules if module.training]
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The policy in eval mode for a whole batch, its modes put back after it: the calls inside switch nothing.
+
+        For a placement that acts with the trainer's module in the trainer's own thread (``prefetch=0``), where
+        nothing else runs while the batch is collected.
+        """
+        training = self.training()
+        for module in training:
+            object.__setattr__(module, "training", False)
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+            for module in training:
+                object.__setattr__(module, "training", True)
 
 
 def _call(

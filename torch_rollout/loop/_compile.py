@@ -87,20 +87,21 @@ def acting_call(
     num_envs: int,
     obs_key: str,
     owned: bool,
+    modes: TrainingModes | None = None,
 ) -> Callable[[PolicyCall], Any]:
     """The placement's policy call: :func:`call_policy` on ``policy``, compiled when ``compile_options`` is a dict.
 
     A :class:`CudaGraph` gives a :class:`CudaGraphPolicy`, which refuses a policy
     whose weights are not on a CUDA device. ``owned``: ``policy`` is the
-    collector's acting copy (see :func:`call_policy`).
+    collector's acting copy (see :func:`call_policy`); else ``modes`` is its
+    :class:`TrainingModes` (made here when not given).
     """
+    modes = None if owned else modes or TrainingModes(policy)
     if compile_options is None:
-        return functools.partial(
-            call_policy, policy, obs_key=obs_key, owned=owned, modes=None if owned else TrainingModes(policy)
-        )
+        return functools.partial(call_policy, policy, obs_key=obs_key, owned=owned, modes=modes)
     if isinstance(compile_options, CudaGraph):
-        return CudaGraphPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
-    return CompiledPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, owned=owned)
+        return CudaGraphPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, modes=modes)
+    return CompiledPolicy(policy, compile_options, num_envs=num_envs, obs_key=obs_key, modes=modes)
 
 
 class CompiledPolicy:
@@ -124,10 +125,12 @@ class CompiledPolicy:
     outputs are cloned, since the graphs' next replay overwrites their memory.
     """
 
-    def __init__(self, policy: nn.Module, options: dict[str, Any], *, num_envs: int, obs_key: str, owned: bool) -> None:
+    def __init__(
+        self, policy: nn.Module, options: dict[str, Any], *, num_envs: int, obs_key: str, modes: TrainingModes | None
+    ) -> None:
         self.policy = policy
-        self.owned = owned
-        self.modes = None if owned else TrainingModes(policy)
+        self.owned = modes is None  # the collector's own copy, else the trainer's module
+        self.modes = modes
         self.options = options
         self.num_envs = num_envs
         self.obs_key = obs_key
@@ -188,13 +191,15 @@ class CudaGraphPolicy:
     changed ``data_ptr`` (a host-side read, no sync) then records the graph anew.
     """
 
-    def __init__(self, policy: nn.Module, config: CudaGraph, *, num_envs: int, obs_key: str, owned: bool) -> None:
+    def __init__(
+        self, policy: nn.Module, config: CudaGraph, *, num_envs: int, obs_key: str, modes: TrainingModes | None
+    ) -> None:
         self.policy = policy
         self.config = config
         self.num_envs = num_envs
         self.obs_key = obs_key
-        self.owned = owned
-        self.modes = None if owned else TrainingModes(policy)
+        self.owned = modes is None  # the collector's own copy, else the trainer's module
+        self.modes = modes
         weight = next(_weights(policy), None)
         if weight is not None:  # a policy without weights is checked at its first call
             _check_cuda(config, weight.device)

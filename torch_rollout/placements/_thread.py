@@ -30,7 +30,7 @@ from tensordict import TensorDict
 from torch import Tensor, nn
 
 from torch_rollout.envs._gym import explain_env_error
-from torch_rollout.loop._acting import PolicyCall
+from torch_rollout.loop._acting import PolicyCall, TrainingModes
 from torch_rollout.loop._compile import acting_call
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._interaction import own_interaction_type
@@ -87,8 +87,14 @@ class _LocalPlacement:
         place = LoopPlace(device=device, storage_device=device, seed=seed, stop=self.stop.is_set)
         self.loop: RolloutLoop = make_loop(envs, self.forward, spec, place)
         # With compile_options, torch.compile'd calls (compiled at the loop's first call).
+        self.modes = None if owned else TrainingModes(acting_policy)  # the trainer's module: its modes put back
         self.act = acting_call(
-            acting_policy, spec.compile_options, num_envs=envs.num_envs, obs_key=spec.obs_key, owned=owned
+            acting_policy,
+            spec.compile_options,
+            num_envs=envs.num_envs,
+            obs_key=spec.obs_key,
+            owned=owned,
+            modes=self.modes,
         )
         self.num_envs = envs.num_envs
         self.ready = collections.deque()
@@ -358,7 +364,7 @@ class InlinePlacement(_LocalPlacement):
                 return
             self._busy = True
         try:
-            with _HeldInterrupt(), torch.no_grad(), own_interaction_type(), self._on_device():
+            with _HeldInterrupt(), torch.no_grad(), own_interaction_type(), self._on_device(), self._evaluating():
                 try:
                     batch = self.loop.collect()
                 except KeyboardInterrupt:
@@ -372,6 +378,10 @@ class InlinePlacement(_LocalPlacement):
                     self.ready.append((batch, None))
         finally:
             self._let_go()
+
+    def _evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """The trainer's module in eval mode for the whole batch (nothing else runs meanwhile), switched once."""
+        return contextlib.nullcontext() if self.modes is None else self.modes.evaluating()
 
     def _let_go(self) -> None:
         """Ends a batch or env call in the calling thread; releases the envs where close() came meanwhile."""
