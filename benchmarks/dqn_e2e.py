@@ -60,7 +60,8 @@ def epsilon(step: int, total: int) -> float:
 
 
 class QNetwork(nn.Module):
-    """CleanRL's Q-network; acting epsilon-greedily at ``self.epsilon`` (what the collector calls)."""
+    """CleanRL's Q-network; acting epsilon-greedily at ``self.epsilon`` (what the collector calls), as CleanRL's
+    loop acts: one draw for the step, and the network only on a greedy step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,9 +69,9 @@ class QNetwork(nn.Module):
         self.epsilon = 1.0
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        greedy = self.network(obs).argmax(-1)
-        explore = torch.rand(obs.shape[0]) < self.epsilon
-        return {"action": torch.where(explore, torch.randint(0, 2, greedy.shape), greedy)}
+        if torch.rand(()) < self.epsilon:
+            return {"action": torch.randint(0, 2, obs.shape[:1])}
+        return {"action": self.network(obs).argmax(-1)}
 
 
 class Learner:
