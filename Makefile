@@ -8,9 +8,9 @@
 # All create .venv and install everything on first use (and again when setup.cfg changes).
 # `make test-sims` runs the integration tests against the real simulator frameworks (sims/), each in a venv of its
 # own that sims/build.sh builds once, outside the checkout; SIMS='gymnax maniskill' chooses some of them.
-# `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10
-# and 3.13), each in a venv of its own that tests/pythons.sh builds once, outside the checkout; PYTHONS='3.10'
-# chooses.
+# `make test-pythons` runs the suite but for Ray on the lowest and the highest Python that setup.cfg accepts (3.10,
+# with the lowest torch and gymnasium it accepts, and 3.13), each in a venv of its own that tests/pythons.sh builds
+# once, outside the checkout; PYTHONS='3.13' chooses.
 # `make venvs` builds the venvs of test-pythons and test-sims, once, and runs nothing.
 # `make bench-sims` times each of them (sims/bench_throughput.py: the env alone, a hand-written loop and the
 # collector's placements), in the same venvs, and writes benchmarks/results/sims_NAME.json; SIMS chooses too.
@@ -37,8 +37,12 @@ FLOAT_TESTS ?= tests/test_shaped_floats.py tests/test_gae.py tests/test_torch_lo
 	tests/test_recurrent.py tests/test_async_loop.py tests/test_seed.py tests/test_cleanrl_parity.py
 OTHER_KERNELS := MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default SHAPED_FLOATS=1 PYTHONPATH=$(CURDIR)/tests/shaped_floats$${PYTHONPATH:+:$$PYTHONPATH}
 
-# The Pythons of `make test-pythons`, each VERSION or VERSION:PIN,PIN (pins installed beside the extras)
-PYTHONS ?= 3.10 3.13
+# The Pythons of `make test-pythons`, each VERSION or VERSION:PIN,PIN (pins installed beside the extras): the lowest
+# Python with the lowest torch and gymnasium that setup.cfg accepts, and the highest with TORCH_SPEC.
+PYTHONS ?= 3.10:torch==2.11.0,gymnasium==1.4.0 3.13
+# The versions among them whose suite runs in one test process: on torch 2.11.0 a second test process beside it
+# crashed inside torch (docs/development.md, "The versions the suite runs").
+PYTHONS_SERIAL ?= 3.10
 PYTHONS_ROOT ?= $(HOME)/.cache/torch_rollout/pythons
 
 # The frameworks of sims/requirements/*.txt
@@ -96,8 +100,9 @@ test-pythons:
 	@failed=; for entry in $(PYTHONS); do \
 		version=$${entry%%:*}; pins=; case "$$entry" in *:*) pins=$$(echo "$${entry#*:}" | tr , ' ');; esac; \
 		bash tests/pythons.sh "$$version" '$(PYTHONS_ROOT)' '$(TORCH_SPEC)' $$pins || { failed="$$failed $$version"; continue; }; \
-		echo "== the suite on Python $$version ($(PYTHONS_ROOT)/$$version) $$pins"; \
-		$(TEST_ENV) PYTHONPATH='$(CURDIR)' '$(PYTHONS_ROOT)'/$$version/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		workers=$(TEST_WORKERS); case " $(PYTHONS_SERIAL) " in *" $$version "*) workers=0;; esac; \
+		echo "== the suite on Python $$version ($(PYTHONS_ROOT)/$$version) $$pins, $$workers test workers"; \
+		$(TEST_ENV) PYTHONPATH='$(CURDIR)' '$(PYTHONS_ROOT)'/$$version/bin/python -m pytest -n $$workers --dist loadfile \
 			--without-ray -p no:cacheprovider || failed="$$failed $$version"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pythons: failed on Python$$failed"; exit 1; fi
