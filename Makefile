@@ -24,8 +24,8 @@ TORCH_SPEC ?= torch==2.13.0
 # e.g. TEST_WORKERS=auto for one per core, TEST_WORKERS=0 for a single process.
 TEST_WORKERS ?= 2
 # torch's intra-op threads in each test process and the processes it starts (OMP_NUM_THREADS): one, so that the
-# test processes do not each spin a team of threads on the same cores (on 2 cores the suite took 5 min 6 s with
-# torch's default of 2, 4 min 30 s with 1); e.g. TEST_THREADS= for torch's default.
+# test processes do not each spin a team of threads on the same cores (on 2 cores `make test` took 5 min 6 s with
+# torch's default of 2, 4 min 30 s to 5 min 1 s with 1); e.g. TEST_THREADS= for torch's default.
 TEST_THREADS ?= 1
 TEST_ENV := $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS))
 

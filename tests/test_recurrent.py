@@ -244,7 +244,7 @@ def test_acting_on_the_trainers_module_sees_submodules_it_added_or_replaced_betw
 
 def test_a_batch_that_fails_leaves_the_trainers_module_in_the_modes_it_had():
     """prefetch=0 switches the trainer's module to eval mode once for the batch: an env that raises mid-batch
-    (and Ctrl-C's KeyboardInterrupt alike) still puts its modes back."""
+    still gets its modes put back."""
 
     class Failing(gym.vector.SyncVectorEnv):
         steps = 0

@@ -308,7 +308,7 @@ def test_workers_are_not_offered_where_each_step_is_mostly_a_cost_per_call_that_
     # where the forward costs milliseconds, most of it grows with the rows, which workers share
     heavy = policy_bound(8e-3)
     assert "Processes(num_workers=2)" in heavy and "about 2.0x as fast" in heavy
-    # the same measure for a run that already has workers: two of them on 4 cores, each call 160 us
+    # the same accounts from a run that already has two workers, on 4 cores: each worker's call 80 us, or 4 ms
     assert "Processes(" not in policy_bound(160e-6, backend="process", num_workers=2, cores=4)
     assert "Processes(num_workers=4)" in policy_bound(8e-3, backend="process", num_workers=2, cores=4)
 
