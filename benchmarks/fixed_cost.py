@@ -33,6 +33,7 @@ from offpolicy import QNetwork, gym_envs
 
 from torch_rollout import BatchKeys, Collector, ReplayRing
 from torch_rollout.envs._numpy import NumpyEnvs
+from torch_rollout.loop import _rollout
 from torch_rollout.loop._acting import Acting
 from torch_rollout.loop._rollout import RolloutLoop
 from torch_rollout.loop._rows import HostRows, RowRing
@@ -42,7 +43,9 @@ from _common import Ring, RingLoop, load_line, machine_info, markdown_table, wri
 
 # (owner, function, the part it is): the function's own time, less the parts called inside it.
 PARTS = (
-    (ReplayRing, "_write", "ring: the batch's rows written into the ring"),
+    (ReplayRing, "_write", "ring: a batch's rows written into the ring"),
+    (ReplayRing, "_take", "ring: the loop's rows copied into the ring"),
+    (_rollout, "host_batch", "batch end: the loop's rows offered to the ring"),
     (Collector, "__next__", "trainer side: next() around the placement"),
     (Collector, "update_policy", "trainer side: the weight refresh"),
     (InlinePlacement, "_collect", "placement: contexts (no_grad, Ctrl-C hold), hand-off"),

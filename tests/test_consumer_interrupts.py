@@ -25,11 +25,11 @@ from typing import Any
 import gymnasium as gym
 import pytest
 import torch
-from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from script_server import ScriptServer
 from torch.overrides import TorchFunctionMode
 
-from torch_rollout import Collector
+from torch_rollout import Collector, ReplayRing
 
 from counting_env import TransitionCountingPolicy, counting_vec
 from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
@@ -609,6 +609,53 @@ def test_keyboard_interrupt_anywhere_in_next_drops_no_batch_and_runs_no_batch_ah
     for i in range(N):  # TransitionCountingEnv's reward counts its real transitions: 0, 1, 2, ... with nothing missing
         got = reward[:, i][mask[:, i]]
         assert torch.equal(got, torch.arange(len(got), dtype=got.dtype)), f"env {i}: a batch was dropped"
+
+
+class _NoValue(TransitionCountingPolicy):
+    """The counting policy without a value (a Q-network's outputs): a ring takes its batches' rows directly."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(obs)
+        del out["value"]
+        return out
+
+
+def test_keyboard_interrupt_anywhere_in_filling_a_ring_loses_no_row_and_writes_none_twice(
+    sigint_raises_keyboard_interrupt,
+):
+    """prefetch=0 and a ReplayRing taking the loop's rows: Ctrl-C at every point of the fill's next() in turn."""
+    T, N = 4, 2
+    envs = counting_vec(N, mode=AutoresetMode.SAME_STEP)
+    taken = []
+
+    class Ring(ReplayRing):
+        def _take(self, rows):
+            taken.append(super()._take(rows))
+            return taken[-1]
+
+    ring = Ring(10_000, ("reward", "mask"))
+    with Collector(envs, _NoValue(), num_steps=T, device="cpu", gae=None, prefetch=0) as collector:
+        # The first batch is written whole, to make the storage: a KeyboardInterrupt inside tensordict's
+        # TensorDict() leaves its per-thread construction flag set (tensordict 0.14), whoever made it.
+        next(ring.fill(collector))
+        k = 0
+        while True:
+            k += 1
+            assert k < MAX_POINTS, "the fill's next() never got through without an interrupt"
+            written, points = next_with_ctrl_c_at(ring.fill(collector), k)
+            if written is None:  # as a trainer would after Ctrl-C: carry on, with a fresh fill
+                written = next(ring.fill(collector))
+            if points < k:  # went through: every point has had its interrupt
+                break
+    envs.close()
+    assert k > 5 and written == T * N
+    # The first batch makes the storage; every later one's rows were taken, no batch made of them.
+    assert taken[0] is None and len(taken) > 5 and all(n == T * N for n in taken[1:])
+    held = ring.rows()
+    assert bool(held["mask"].all())  # SAME_STEP: every row is a transition
+    rewards = held["reward"].view(-1, N)  # rows t * N + env
+    for i in range(N):  # TransitionCountingEnv's reward counts its real transitions: 0, 1, 2, ... once each
+        assert torch.equal(rewards[:, i], torch.arange(len(rewards), dtype=rewards.dtype)), f"env {i}"
 
 
 STUCK_AT_EXIT = """

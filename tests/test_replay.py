@@ -69,6 +69,62 @@ def test_the_ring_holds_the_real_rows_of_the_batches(placement, mode):
     assert ring.position == len(expected) % capacity
 
 
+class _CountingRing(ReplayRing):
+    """Counts the batches whose rows it took from the loop's arrays, without a TensorDict."""
+
+    taken = 0
+
+    def _take(self, rows):
+        written = super()._take(rows)
+        self.taken += written is not None
+        return written
+
+
+class _ActingOnly(TransitionCountingPolicy):
+    """The counting policy without a value: a Q-network's or an actor's outputs (no bootstrap call)."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(obs)
+        del out["value"]
+        return out
+
+
+@pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda mode: mode.value)
+@pytest.mark.parametrize("policy", [_ActingOnly, TransitionCountingPolicy], ids=["no-value", "value"])
+def test_filling_in_the_trainers_thread_writes_the_rows_its_batches_hold(mode, policy):
+    """prefetch=0: the ring takes each batch's rows from the loop's arrays where it can; its rows are the same."""
+    keys = (*KEYS, "done", "mask", "log_prob", "episode_return", "policy_version")
+    make_envs = partial(counting_vec, mode=mode)
+
+    def collector():
+        envs, _ = envs_for({"backend": "thread"}, make_envs, N)
+        return Collector(
+            envs, policy(), num_steps=T, total_timesteps=BATCHES * T * N, keys=BatchKeys(next_obs=True),
+            seed=3, gae=None, device="cpu", backend="thread", prefetch=0,
+        )  # fmt: skip
+
+    with collector() as batches:
+        made = list(batches)
+    rows = torch.cat([batch.reshape(-1).select(*keys) for batch in made])
+    expected = rows[rows["mask"]]
+    # Taken: all but the first batch (the storage is made from it), the one around the ring's end and those
+    # with reset rows to leave out.
+    clean = sum(bool(batch["mask"].all()) for batch in made[1:-1])
+    capacity = len(expected) - 5  # the last batch wraps around the ring's end
+    ring = _CountingRing(capacity, keys)
+    with collector() as batches:
+        written = list(ring.fill(batches))
+    assert sum(written) == len(expected) and len(ring) == capacity
+    held = ring.rows()
+    for key in keys:
+        assert torch.equal(held[key], expected[key][-capacity:]), key
+    assert ring.position == len(expected) % capacity
+    if policy is TransitionCountingPolicy:  # its batches need bootstrap values: delivered whole
+        assert ring.taken == 0
+    else:
+        assert ring.taken == clean and (mode == AutoresetMode.NEXT_STEP or clean == BATCHES - 2)
+
+
 def test_a_prefetching_collector_and_torch_envs_fill_the_ring_as_their_batches():
     def make():
         envs = CartPole(8, autoreset_mode=AutoresetMode.SAME_STEP)

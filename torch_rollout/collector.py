@@ -30,6 +30,7 @@ from torch_rollout.loop._arguments import (
 )
 from torch_rollout.loop._checkpoint import Progress
 from torch_rollout.loop._compile import check_compile_policy
+from torch_rollout.loop._direct import Sink
 from torch_rollout.loop._seed import Seed, resolve_seed, seed_step
 from torch_rollout.loop._spec import BatchKeys, CudaGraph
 from torch_rollout.loop._stats import Stats, StatsClock, tuned_key, tuned_slower
@@ -289,7 +290,8 @@ class Collector:
             self._request(ahead=self.prefetch)  # collection starts here (or at the first next())
         return self
 
-    def __next__(self) -> TensorDict:
+    def __next__(self, sink: Sink | None = None) -> TensorDict:
+        """The next batch; ``sink``: offered its rows first (``ReplayRing.fill``), then the rows it took (an int)."""
         if self._error is not None:
             raise RuntimeError(
                 "Collector: cannot iterate after the background collection failed with "
@@ -306,6 +308,7 @@ class Collector:
         self.update_policy()
         self._request(ahead=self.prefetch + 1)
         placement = self._placement
+        placement.sink = sink if self.gae is None else None  # advantages are written into a batch
         ready = placement.ready
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         waiting = time.perf_counter()
@@ -313,6 +316,10 @@ class Collector:
             batch, error = ready[0]
             if error is None:
                 received = time.perf_counter()
+                if type(batch) is int and sink is None:  # rows a ReplayRing took, its fill stopped by Ctrl-C
+                    del ready[0]
+                    self._progress.delivered += 1
+                    return self.__next__()
                 # In place, so that a call interrupted in here is redone on the same batch.
                 add_advantages(batch, self.gae)
                 ended = time.perf_counter()
@@ -322,7 +329,7 @@ class Collector:
                 # From here to the return no call is made, so no signal handler runs: the batch cannot be lost.
                 del ready[0]
                 self._progress.delivered += 1
-                return batch
+                return batch  # an int only to a sink
         else:
             error = TimeoutError(
                 f"Collector: no batch within timeout={self.timeout} s; the env or the policy is stuck "
@@ -460,35 +467,28 @@ class Collector:
         """What a new collector needs to carry on where this one stands, for a checkpoint.
 
         Returns:
-            A dict of plain ints (``torch.save`` and ``pickle`` it as it is):
-            ``batches`` and ``env_steps`` delivered, ``policy_version``, and the
-            seed stream (``seed``, the ``rank`` and ``world_size`` it is keyed by,
-            ``starts``: the parts of it used, by collectors that reset the envs
-            and by restarted Ray workers), with ``num_steps`` and ``num_envs`` to
-            check it against.
+            A dict of plain ints (``torch.save`` and ``pickle`` it as it is): ``batches`` and ``env_steps``
+            delivered, ``policy_version``, and the seed stream (``seed``, the ``rank`` and ``world_size`` it is
+            keyed by, ``starts``: the parts of it used, by collectors that reset the envs and by restarted Ray
+            workers), with ``num_steps`` and ``num_envs`` to check it against.
 
-        What it cannot hold is the envs' own state: episodes in progress (and
-        the batches collected ahead but not delivered) are lost, and a resumed
-        collector starts every env on a new episode.
+        What it cannot hold is the envs' own state: episodes in progress (and the batches collected ahead but
+        not delivered) are lost, and a resumed collector starts every env on a new episode.
         """
         return self._progress.state(self.policy_version, self.seed, self._placement.extra_starts)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Carries on from the :meth:`state_dict` of an earlier collector; call it before iterating.
 
-        Afterwards this collector counts on from the batches delivered (with
-        ``total_timesteps`` it delivers only those left of the budget, and
-        ``len()`` counts those),
-        :attr:`policy_version` and the rows' ``policy_version`` continue from the
-        saved one, and the envs are reset from the next part of the seed stream:
-        the ``k``-th start over ``seed`` (``k = starts``) resets env ``j`` of rank
-        ``r`` of ``world_size`` with ``seed + (k * world_size + r) * num_envs + j``
-        (one rank: ``seed + k * num_envs + j``), so a resumed run never replays
-        the episodes its earlier parts began with, nor those of another rank.
-        Pass the same ``seed`` as before to continue the same stream; each rank
-        loads the state that its own rank saved. The envs are built when the
-        collector is, but not reset until the iteration starts: that first
-        reset is the resumed one, so each seed of the stream is used once.
+        Afterwards this collector counts on from the batches delivered (with ``total_timesteps`` it delivers
+        only those left of the budget, and ``len()`` counts those), :attr:`policy_version` and the rows'
+        ``policy_version`` continue from the saved one, and the envs are reset from the next part of the seed
+        stream: the ``k``-th start over ``seed`` (``k = starts``) resets env ``j`` of rank ``r`` of
+        ``world_size`` with ``seed + (k * world_size + r) * num_envs + j`` (one rank: ``seed + k * num_envs +
+        j``), so a resumed run never replays the episodes its earlier parts began with, nor those of another
+        rank. Pass the same ``seed`` as before to continue the same stream; each rank loads the state that its
+        own rank saved. The envs are built when the collector is, but not reset until the iteration starts:
+        that first reset is the resumed one, so each seed of the stream is used once.
 
         Raises:
             RuntimeError: once collection has started (``iter()`` or ``next()``), or on a closed collector.

@@ -17,7 +17,9 @@ from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from torch_rollout.collector import Collector
 from torch_rollout.loop._arguments import resolve_device
+from torch_rollout.loop._direct import HostBatch
 from torch_rollout.util._devices import copy_into
 
 __all__ = ["ReplayRing"]
@@ -82,10 +84,56 @@ class ReplayRing:
         The batch itself is let go of at once: the collector's rows are free to be written again, and
         the trainer holds nothing but the ring.
         """
-        for batch in collector:
-            written = self._write(batch, every_row=_no_reset_rows(collector, batch))
-            del batch
-            yield written
+        if not isinstance(collector, Collector):
+            for batch in collector:
+                written = self._write(batch, every_row=_no_reset_rows(collector, batch))
+                del batch
+                yield written
+            return
+        iter(collector)  # what a for loop does first: refuses a finished collector, starts collection
+        while True:
+            try:
+                got: TensorDictBase | int = collector.__next__(self._take)
+            except StopIteration:
+                return
+            if type(got) is not int:  # a batch made whole: the rows could not be taken as they were
+                got = self._write(got, every_row=_no_reset_rows(collector, got))
+            yield got
+
+    def _take(self, rows: HostBatch) -> int | None:
+        """Copies the kept keys of a batch's rows on the host into the storage, where they fit it as they are.
+
+        Returns the rows written, or None for a batch to be written whole (:meth:`_write`): the first one,
+        one with reset rows, one that would wrap around the ring's end, a key the rows do not have or that
+        the storage does not hold in the same dtype and shape (where :meth:`_write` explains a mismatch).
+        """
+        arrays, T, N = self._arrays, rows.num_steps, rows.num_envs
+        start = self.position
+        stop = start + T * N
+        if arrays is None or stop > self.capacity or not rows.every_row:
+            return None
+        given, next_key = rows.arrays, rows.next_obs_key
+        sources = []
+        for key, array in zip(self.keys, arrays):
+            source = given.get(key)
+            if key == next_key:
+                source = given[rows.obs_key]
+            elif key == "done":
+                source = given["terminated"]
+            if source is None or source.dtype != array.dtype or source.shape[2:] != array.shape[1:]:
+                return None
+            sources.append(source)
+        for key, source, array in zip(self.keys, sources, arrays):
+            target = array[start:stop].reshape(source.shape)
+            if key == next_key:
+                rows.write_next_obs(target)
+            elif key == "done":
+                rows.write_done(target)
+            else:
+                target[...] = source
+        self.position = stop % self.capacity
+        self.size = min(self.size + T * N, self.capacity)
+        return T * N
 
     def write(self, batch: TensorDictBase) -> int:
         """Writes the real rows (``mask`` True) of a ``[num_steps, num_envs]`` batch; returns how many."""

@@ -44,6 +44,7 @@ from torch_rollout.envs._seam import AutoresetMode, EnvDriver, StepRecord
 from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout.loop._bootstrap import write_next, write_next_values
+from torch_rollout.loop._direct import Sink, host_batch
 from torch_rollout.loop._recurrent import RecurrentState
 from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
@@ -138,6 +139,7 @@ class RolloutLoop:
         # Rows written a row at a time (not acted ahead) on the CPU: written again once the trainer lets go of them.
         reusable = spec.batch_slots and self.storage_device.type == "cpu" and not driver.acts_at_once
         self.ring = RowRing(spec.batch_slots) if reusable else None
+        self.spare: HostRows | None = None  # rows a sink took, written again by the next batch
         driver.check_seed(seed)
 
     @property
@@ -188,10 +190,12 @@ class RolloutLoop:
 
     # -- one batch -----------------------------------------------------------------------------
 
-    def collect(self, out: TensorDict | None = None) -> TensorDict:
+    def collect(self, out: TensorDict | None = None, sink: Sink | None = None) -> TensorDict | int:
         """Steps the envs until every env has its ``T`` rows of the oldest batch; returns that batch.
 
-        ``out``: a batch of an earlier call to write this one into (a shared-memory slot).
+        ``out``: a batch of an earlier call to write this one into (a shared-memory slot). ``sink``: offered the
+        batch's rows as host arrays first (see :mod:`torch_rollout.loop._direct`); where it takes them, returns
+        the rows it wrote, and the rows are written again by the next batch.
         """
         T, N = self.num_steps, self.num_envs
         account = self.account
@@ -214,13 +218,18 @@ class RolloutLoop:
         self.driver.end_batch()
         self.buffers.popleft()
         self.first_row += T
-        batch = self._deliver(head)
-        if out is None:
-            if self.ring is not None:
-                batch = self.ring.deliver(head, batch)
-        elif batch is not out:
-            out.copy_(batch)
-            batch = out
+        written = None if sink is None or (rows := host_batch(self, head)) is None else sink(rows)
+        if written is not None:
+            self.spare = cast(HostRows, head)  # taken by the sink: nothing outside holds these rows
+            batch: TensorDict | int = written
+        else:
+            batch = self._deliver(head)
+            if out is None:
+                if self.ring is not None:
+                    batch = self.ring.deliver(head, batch)
+            elif batch is not out:
+                out.copy_(batch)
+                batch = out
         ended = perf_counter()
         # The env's own calls and the policy's, as the driver and the acting side timed them: their work around
         # those calls (checks, records, conversions) is the collector's.
@@ -233,6 +242,10 @@ class RolloutLoop:
         return batch
 
     def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:
+        if out is None and self.spare is not None:
+            spare, self.spare = self.spare, None
+            spare.recycle()
+            return spare
         if out is None and self.ring is not None:
             rows = self.ring.take()
             if rows is not None:
@@ -403,7 +416,7 @@ class RolloutLoop:
         own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
         if on_host:
             assert self.next_obs_key is not None and self.waiting is not None  # a step's observations wait
-            cast(HostRows, head).write_next_obs(head.entry(batch, self.next_obs_key), self.waiting.obs)
+            cast(HostRows, head).write_next_obs(head.entry(batch, self.next_obs_key).numpy(), self.waiting.obs)
         elif self.next_obs_key is not None:
             next_obs, obs = head.entry(batch, self.next_obs_key), head.entry(batch, self.obs_key)
             last = ahead.first_obs() if ahead is not None else self._waiting_obs(next_obs.device, copy=False)
@@ -417,20 +430,9 @@ class RolloutLoop:
         return batch
 
     def _waiting_obs(self, device: torch.device, *, copy: bool = True) -> Obs:
-        """The observations the next batch starts with, as stored (float64 as float32), on ``device``.
-
-        A copy in torch's memory, as every row the policy is called on: a CPU kernel's last bits can depend on
-        where its input starts (MKL's AVX-512 ones), and the env's array lies wherever its allocator put it, so
-        a bootstrap on it would make two runs with the same seeds differ. ``copy=False``: on the host, a view
-        of the env's array where it can be one (for a copy into the batch's next observations).
-        """
+        """The observations the next batch starts with, as stored (float64 as float32), on ``device``."""
         assert self.waiting is not None  # reset: observations to act on
-        obs = self.waiting.obs
-        if not self.on_device:
-            return obs_to_tensor(self.obs_space, obs, device, copy=copy)
-        stored = empty_obs(self.obs_space, (self.num_envs,), device=device)
-        copy_into(stored, obs)
-        return stored
+        return _stored_obs(self.waiting.obs, self.obs_space, self.num_envs, self.on_device, device, copy=copy)
 
     def _last_value(self) -> Tensor:
         """The value of the observations the next batch starts with, with the state it starts with (not advanced)."""
@@ -458,6 +460,21 @@ class RolloutLoop:
     def _raise_non_finite(self, name: str, env: int, value: Any, call: str, t: int | None) -> None:
         where = None if t is None else ((self.batches - 1) * self.num_steps + t, t, self.batches - 1)
         raise _non_finite_error(name, env + self.env_offset, value, call, where)
+
+
+def _stored_obs(obs: Any, space: Any, n: int, on_device: bool, device: torch.device, *, copy: bool) -> Obs:
+    """Observations ``obs`` of ``n`` envs of ``space`` (torch tensors where ``on_device``) as stored, on ``device``.
+
+    A copy in torch's memory, as every row the policy is called on: a CPU kernel's last bits can depend on
+    where its input starts (MKL's AVX-512 ones), and the env's array lies wherever its allocator put it, so
+    a bootstrap on it would make two runs with the same seeds differ. ``copy=False``: on the host, a view
+    of the env's array where it can be one (for a copy into the batch's next observations).
+    """
+    if not on_device:
+        return obs_to_tensor(space, obs, device, copy=copy)
+    stored = empty_obs(space, (n,), device=device)
+    copy_into(stored, obs)
+    return stored
 
 
 def _places(ids: np.ndarray, offset: np.ndarray, T: int, N: int) -> list[tuple[int, np.ndarray | None, np.ndarray]]:

@@ -338,10 +338,10 @@ class HostRows(_Rows):
         """Whether :meth:`write_next_obs` can write this batch's next observations: arrays stored on the CPU."""
         return self.on_host and self.flat_obs is not None
 
-    def write_next_obs(self, next_obs: Tensor, last: Any) -> None:
-        """Writes each row's next observation through NumPy (cast as the rows are): the next row's, ``last`` (the
+    def write_next_obs(self, rows: np.ndarray, last: Any) -> None:
+        """Writes each row's next observation into ``rows`` (cast as the rows are): the next row's, ``last`` (the
         env's observations after the last row) after the last row, the final one where an episode ended."""
-        rows, obs = next_obs.numpy(), self.obs.arrays
+        obs = self.obs.arrays
         rows[:-1] = obs[1:]
         rows[-1] = last
         for t, index, final, _ in self.finals:

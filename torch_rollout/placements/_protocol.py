@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torch import Tensor
 
+from torch_rollout.loop._direct import Sink
 from torch_rollout.loop._stats import Totals
 from torch_rollout.placements._messages import EnvAnswer, EnvCall
 
@@ -21,9 +22,12 @@ class Placement(Protocol):
 
     requested: int
     """Batches requested so far: :meth:`request` counts them together with the request."""
-    ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
+    ready: collections.deque[tuple[TensorDict | int | None, BaseException | None]]
     """Results that :meth:`wait` received, oldest first: ``(batch, None)`` or ``(None, error)``; the consumer
-    takes them without a call."""
+    takes them without a call. ``(rows, None)``: a batch's rows that :attr:`sink` took."""
+    sink: Sink | None
+    """Offered each batch's rows before a batch is made of them, where the loop runs in the calling thread
+    (see :mod:`torch_rollout.loop._direct`); the other placements deliver batches and leave it alone."""
 
     @property
     def autoreset_mode(self) -> AutoresetMode:

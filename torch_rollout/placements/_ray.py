@@ -21,7 +21,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -458,7 +458,7 @@ class _RayWorker:
                 self._load(weights)
             self.version = version
             with torch.no_grad():
-                self.out = self.loop.collect(self.out)  # serialized by Ray on return: the next batch may reuse it
+                self.out = cast(TensorDict, self.loop.collect(self.out))  # serialized by Ray: the next may reuse it
             arrays = {key: _numpy(value) for key, value in self.out.items(include_nested=True, leaves_only=True)}
         except Stopped:
             return STOP

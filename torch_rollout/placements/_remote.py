@@ -30,6 +30,7 @@ from tensordict import TensorDict
 
 from torch_rollout.envs._gym import EnvRecipe, RemoteTraceback, build_envs, split_envs
 from torch_rollout.loop._acting import Forward
+from torch_rollout.loop._direct import Sink
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._rollout import RolloutLoop
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
@@ -75,7 +76,8 @@ class RemotePlacement:
         self.shares = split_envs(num_envs, num_workers)
         self.requested = 0
         # Results for the consumer: the next batches, or the error that ended collection.
-        self.ready: collections.deque[tuple[TensorDict | None, BaseException | None]] = collections.deque()
+        self.ready: collections.deque[tuple[TensorDict | int | None, BaseException | None]] = collections.deque()
+        self.sink: Sink | None = None  # batches are made in the workers
         self._received: dict[int, Any] = {}  # worker -> its message of the batch being gathered
         self._failure: BaseException | None = None  # a worker's error or death
         self._assembled = 0  # batches gathered into ready

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch_rollout.envs._gym import explain_env_error
 from torch_rollout.loop._acting import PolicyCall, TrainingModes
 from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._direct import Sink
 from torch_rollout.loop._drivers import make_loop
 from torch_rollout.loop._interaction import own_interaction_type
 from torch_rollout.loop._rollout import RolloutLoop, Stopped
@@ -57,7 +58,8 @@ class _LocalPlacement:
     lock: threading.Lock
     version: int
     requested: int
-    ready: collections.deque[tuple[TensorDict | None, BaseException | None]]
+    ready: collections.deque[tuple[TensorDict | int | None, BaseException | None]]
+    sink: Sink | None = None  # taken up by InlinePlacement only
     extra_starts: int = 0  # its envs are reset from the Collector's seeds only
 
     def __init__(
@@ -366,7 +368,7 @@ class InlinePlacement(_LocalPlacement):
         try:
             with _HeldInterrupt(), torch.no_grad(), own_interaction_type(), self._on_device(), self._evaluating():
                 try:
-                    batch = self.loop.collect()
+                    batch = self.loop.collect(sink=self.sink)
                 except KeyboardInterrupt:
                     self.ready.append((None, RuntimeError(_TORN)))
                     raise

@@ -1,0 +1,89 @@
+"""A complete batch's rows handed to a sink as the loop's own host arrays, with no TensorDict made for them.
+
+A :class:`~torch_rollout.ReplayRing` filled from a collector that collects in the
+trainer's thread takes each batch this way: it copies the keys it keeps from the
+loop's arrays into its storage, and writes the next observations and ``done``
+there itself. What it copies are the values the batch would hold, so the ring's
+rows are those a batch would have given it. Where a batch needs more than the
+arrays (bootstrap values, rows acted ahead, storage off the CPU), there is no
+:class:`HostBatch` and the loop delivers the batch as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor
+
+from torch_rollout.loop._rows import HostRows
+
+if TYPE_CHECKING:
+    from torch_rollout.loop._rollout import RolloutLoop
+
+__all__ = ["HostBatch", "Sink", "host_batch"]
+
+
+class HostBatch:
+    """The ``[T, N]`` rows of one complete batch, as NumPy arrays on the host, until the sink returns.
+
+    Attributes:
+        arrays: ``{batch key: [T, N, ...] array}``: the observations, the policy's outputs and the loop's own
+            rows (``reward``, ``terminated``, ``truncated``, ``mask``, ...). Views of the loop's rows: copy them.
+        every_row: whether every row is a transition (``mask`` all True).
+        obs_key: the batch key of the observations.
+        next_obs_key: the batch key of the next observations, or None when the collector makes none.
+    """
+
+    def __init__(
+        self, head: HostRows, arrays: dict[str, np.ndarray], obs_key: str, next_obs_key: str | None, last: Any
+    ) -> None:
+        self.head = head
+        self.arrays = arrays
+        self.num_steps, self.num_envs = head.T, head.N
+        self.obs_key, self.next_obs_key = obs_key, next_obs_key
+        self.last = last
+        self.every_row = bool(arrays["mask"].all())
+
+    def write_next_obs(self, rows: np.ndarray) -> None:
+        """Writes each row's next observation into ``rows`` (``[T, N, ...]``), as the batch's ``next_obs``."""
+        self.head.write_next_obs(rows, self.last)
+
+    def write_done(self, rows: np.ndarray) -> None:
+        """Writes ``terminated | truncated`` into ``rows`` (``[T, N]`` bool), as the batch's ``done``."""
+        np.logical_or(self.arrays["terminated"], self.arrays["truncated"], out=rows)
+
+
+# What takes a batch's rows: returns the rows it wrote, or None to be given the batch as a TensorDict instead.
+Sink = Callable[[HostBatch], "int | None"]
+
+
+def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
+    """The rows of ``head`` (complete) as a :class:`HostBatch`, or None where the batch must be delivered whole.
+
+    That is where a bootstrap value is wanted (the policy returns ``value``), rows were acted on ahead, the rows
+    are not NumPy arrays on the host (a Dict observation space, storage on a GPU), or the batch is written
+    into a slot given by the placement.
+    """
+    outputs = loop.outputs
+    if (
+        type(head) is not HostRows
+        or loop.buffers
+        or head.out is not None
+        or outputs is None
+        or outputs.value_key is not None
+        or not head.writes_next_obs()
+    ):
+        return None
+    assert head.outputs is not None and loop.waiting is not None  # acted on; the next observations wait
+    arrays = dict(head.host)
+    arrays[loop.obs_key] = head.obs.arrays
+    for key, value in head.outputs.items():
+        if type(value) is not Tensor:
+            return None  # a TensorDict of outputs: delivered whole
+        try:
+            arrays[key] = value.numpy()
+        except TypeError:  # a dtype NumPy has not (bfloat16)
+            return None
+    return HostBatch(head, arrays, loop.obs_key, loop.next_obs_key, loop.waiting.obs)
