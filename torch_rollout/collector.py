@@ -38,6 +38,7 @@ from torch_rollout.loop._weights import WeightPairs
 from torch_rollout.placements._backends import Backend, resolve_backend
 from torch_rollout.placements._env_calls import EnvCalls
 from torch_rollout.placements._protocol import Placement
+from torch_rollout.util._grad import NoGrad
 from torch_rollout.util._warnings import warn
 
 __all__ = ["Collector"]
@@ -458,7 +459,7 @@ class Collector:
         yourself after an update that happens in the middle of an iteration.
         """
         dst, src = self._weight_pairs(self.policy, self._placement.weights)
-        with torch.no_grad():
+        with NoGrad():
             self._placement.refresh(dst, src)
 
     # -- checkpoints -----------------------------------------------------------------------------

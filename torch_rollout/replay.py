@@ -69,6 +69,7 @@ class ReplayRing:
         self.storage: TensorDict | None = None  # [capacity], allocated at the first write
         self._kept: dict[str, Any] = {}  # the storage's entries by key
         self._arrays: list[Any] | None = None  # NumPy views of the entries (CPU storage of tensors), in key order
+        self._plan: tuple[HostBatch, list[Any], list[tuple[Any, Any, Any]] | None] | None = None  # see _take
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
 
@@ -107,33 +108,46 @@ class ReplayRing:
         one with reset rows, one that would wrap around the ring's end, a key the rows do not have or that
         the storage does not hold in the same dtype and shape (where :meth:`_write` explains a mismatch).
         """
-        arrays, T, N = self._arrays, rows.num_steps, rows.num_envs
+        n = rows.num_steps * rows.num_envs
         start = self.position
-        stop = start + T * N
-        if arrays is None or stop > self.capacity or not rows.every_row:
+        stop = start + n
+        if self._arrays is None or stop > self.capacity or not rows.every_row:
             return None
-        given, next_key = rows.arrays, rows.next_obs_key
-        sources = []
-        for key, array in zip(self.keys, arrays):
-            source = given.get(key)
-            if key == next_key:
-                source = given[rows.obs_key]
+        plan = self._plan
+        if plan is None or plan[0] is not rows or plan[1] is not self._arrays:
+            plan = self._plan = (rows, self._arrays, self._plan_for(rows))
+        if plan[2] is None:
+            return None
+        for source, array, write in plan[2]:
+            if write is None:
+                array[start:stop] = source
+            else:  # the next observations or done, written into the ring's rows
+                write(array[start:stop].reshape(source.shape))
+        self.position = stop % self.capacity
+        self.size = min(self.size + n, self.capacity)
+        return n
+
+    def _plan_for(self, rows: HostBatch) -> list[tuple[Any, Any, Any]] | None:
+        """``(source, storage array, writer or None)`` per kept key, in key order; None where one does not fit.
+
+        The sources are views of the loop's rows (flat ``[T * N, ...]`` where they are copied as they are), so
+        the plan holds for each later batch offered in the same rows.
+        """
+        assert self._arrays is not None  # the storage is made
+        plan = []
+        given, n = rows.arrays, rows.num_steps * rows.num_envs
+        for key, array in zip(self.keys, self._arrays):
+            source, write = given.get(key), None
+            if key == rows.next_obs_key:
+                source, write = given[rows.obs_key], rows.write_next_obs
             elif key == "done":
-                source = given["terminated"]
+                source, write = given["terminated"], rows.write_done
             if source is None or source.dtype != array.dtype or source.shape[2:] != array.shape[1:]:
                 return None
-            sources.append(source)
-        for key, source, array in zip(self.keys, sources, arrays):
-            target = array[start:stop].reshape(source.shape)
-            if key == next_key:
-                rows.write_next_obs(target)
-            elif key == "done":
-                rows.write_done(target)
-            else:
-                target[...] = source
-        self.position = stop % self.capacity
-        self.size = min(self.size + T * N, self.capacity)
-        return T * N
+            if not source.flags.c_contiguous:  # its flat rows would be a copy, not a view
+                return None
+            plan.append((source if write else source.reshape(n, *source.shape[2:]), array, write))
+        return plan
 
     def write(self, batch: TensorDictBase) -> int:
         """Writes the real rows (``mask`` True) of a ``[num_steps, num_envs]`` batch; returns how many."""

@@ -26,25 +26,26 @@ __all__ = ["HostBatch", "Sink", "host_batch"]
 
 
 class HostBatch:
-    """The ``[T, N]`` rows of one complete batch, as NumPy arrays on the host, until the sink returns.
+    """The ``[T, N]`` rows of a complete batch, as NumPy arrays on the host, until the sink returns.
+
+    Made once for the loop's rows and offered again each time they hold a new batch: the arrays are views of
+    the rows' storage, the same objects from batch to batch (a sink may keep what it worked out from them).
 
     Attributes:
         arrays: ``{batch key: [T, N, ...] array}``: the observations, the policy's outputs and the loop's own
             rows (``reward``, ``terminated``, ``truncated``, ``mask``, ...). Views of the loop's rows: copy them.
-        every_row: whether every row is a transition (``mask`` all True).
+        every_row: whether every row of this batch is a transition (``mask`` all True).
         obs_key: the batch key of the observations.
         next_obs_key: the batch key of the next observations, or None when the collector makes none.
     """
 
-    def __init__(
-        self, head: HostRows, arrays: dict[str, np.ndarray], obs_key: str, next_obs_key: str | None, last: Any
-    ) -> None:
+    def __init__(self, head: HostRows, arrays: dict[str, np.ndarray], obs_key: str, next_obs_key: str | None):
         self.head = head
         self.arrays = arrays
         self.num_steps, self.num_envs = head.T, head.N
         self.obs_key, self.next_obs_key = obs_key, next_obs_key
-        self.last = last
-        self.every_row = bool(arrays["mask"].all())
+        self.last: Any = None  # the observations after the last row, set for each batch
+        self.every_row = True
 
     def write_next_obs(self, rows: np.ndarray) -> None:
         """Writes each row's next observation into ``rows`` (``[T, N, ...]``), as the batch's ``next_obs``."""
@@ -66,17 +67,24 @@ def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
     are not NumPy arrays on the host (a Dict observation space, storage on a GPU), or the batch is written
     into a slot given by the placement.
     """
-    outputs = loop.outputs
-    if (
-        type(head) is not HostRows
-        or loop.buffers
-        or head.out is not None
-        or outputs is None
-        or outputs.value_key is not None
-        or not head.writes_next_obs()
-    ):
+    if loop.buffers or type(head) is not HostRows:
         return None
-    assert head.outputs is not None and loop.waiting is not None  # acted on; the next observations wait
+    made = head.direct
+    if made is None:  # the first batch of these rows: the same for every later one
+        made = head.direct = _made(loop, head) or False
+    if made is False:
+        return None
+    assert loop.waiting is not None  # the observations after the last row
+    made.last = loop.waiting.obs
+    made.every_row = bool(made.arrays["mask"].all())
+    return made
+
+
+def _made(loop: RolloutLoop, head: HostRows) -> HostBatch | None:
+    outputs = loop.outputs
+    if head.out is not None or outputs is None or outputs.value_key is not None or not head.writes_next_obs():
+        return None
+    assert head.outputs is not None  # acted on
     arrays = dict(head.host)
     arrays[loop.obs_key] = head.obs.arrays
     for key, value in head.outputs.items():
@@ -86,4 +94,4 @@ def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
             arrays[key] = value.numpy()
         except TypeError:  # a dtype NumPy has not (bfloat16)
             return None
-    return HostBatch(head, arrays, loop.obs_key, loop.next_obs_key, loop.waiting.obs)
+    return HostBatch(head, arrays, loop.obs_key, loop.next_obs_key)

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["greedy_modules", "own_interaction_type"]
@@ -47,19 +46,23 @@ def _has_thread_local(probabilistic: Any) -> bool:
     return "thread_local" in inspect.signature(probabilistic.set_interaction_type).parameters
 
 
-@contextlib.contextmanager
-def _legacy_own_mode(probabilistic: Any) -> Iterator[None]:
-    with _install_lock:
-        modes = probabilistic._interaction_type
+class _legacy_own_mode:  # noqa: N801  (a function's name: a class only to cost less than a generator's context)
+    def __init__(self, probabilistic: Any) -> None:
+        self.probabilistic = probabilistic
+
+    def __enter__(self) -> None:
+        modes = self.probabilistic._interaction_type
         if not isinstance(modes, _PerThreadMode):
-            modes = probabilistic._interaction_type = _PerThreadMode(modes)
-    local = modes.local
-    previous = getattr(local, "own", None)
-    local.own = [None]  # this thread's mode; set_interaction_type blocks inside change only it
-    try:
-        yield
-    finally:
-        local.own = previous
+            with _install_lock:
+                modes = self.probabilistic._interaction_type
+                if not isinstance(modes, _PerThreadMode):
+                    modes = self.probabilistic._interaction_type = _PerThreadMode(modes)
+        self.local = local = modes.local
+        self.previous = getattr(local, "own", None)
+        local.own = [None]  # this thread's mode; set_interaction_type blocks inside change only it
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.local.own = self.previous
 
 
 class _PerThreadMode:

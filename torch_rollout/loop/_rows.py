@@ -1,15 +1,12 @@
 """The ``[T, N]`` rows of one batch while the loop fills them, in two kinds of storage.
 
-:class:`HostRows` takes step records of NumPy arrays (the host drivers) and
-writes them through NumPy views, a whole row at a time (``index``: the row
-``t``) or env by env (``index``: flat positions ``t * N + j``, for envs that
-come back at their own pace). :class:`DeviceRows` takes records of torch
-tensors and writes whole rows with tensor ops on the storage device, reading
-nothing back to the host. Both keep the final observations of the episodes
-that ended (and a recurrent policy's state after their last step) until the
-batch's end, where the loop values them. :class:`RowRing` keeps the rows of
-batches delivered on the CPU, to be written again once the trainer has let go
-of them.
+:class:`HostRows` takes step records of NumPy arrays (the host drivers) and writes them through NumPy views,
+a whole row at a time (``index``: the row ``t``) or env by env (``index``: flat positions ``t * N + j``, for
+envs that come back at their own pace). :class:`DeviceRows` takes records of torch tensors and writes whole
+rows with tensor ops on the storage device, reading nothing back to the host. Both keep the final observations
+of the episodes that ended (and a recurrent policy's state after their last step) until the batch's end, where
+the loop values them. :class:`RowRing` keeps the rows of batches delivered on the CPU, to be written again once
+the trainer has let go of them.
 """
 
 from __future__ import annotations
@@ -119,6 +116,7 @@ class _Rows:
         self.info = None
         self.assembled: TensorDict | None = None  # the batch of these rows, once made (rows written again keep it)
         self.kept: Any = None  # what a RowRing keeps of these rows
+        self.direct: Any = None  # what a sink is offered of these rows (see torch_rollout.loop._direct)
         self.entries: dict[str, Any] = {}  # the batch's entries that the loop's batch end looked up
 
     def _allocate_outputs(self, out_t: dict[str, Any]) -> dict[str, Tensor | TensorDictBase]:

@@ -42,6 +42,7 @@ from torch_rollout.loop._weights import named_weights
 from torch_rollout.placements._env_calls import run_env_call
 from torch_rollout.placements._messages import EnvAnswer, EnvCall
 from torch_rollout.util._devices import indexed, is_device
+from torch_rollout.util._grad import NoGrad
 
 __all__ = ["InlinePlacement", "ThreadPlacement"]
 
@@ -366,7 +367,7 @@ class InlinePlacement(_LocalPlacement):
                 return
             self._busy = True
         try:
-            with _HeldInterrupt(), torch.no_grad(), own_interaction_type(), self._on_device(), self._evaluating():
+            with _HeldInterrupt(), NoGrad(), own_interaction_type(), self._on_device(), self._evaluating():
                 try:
                     batch = self.loop.collect(sink=self.sink)
                 except KeyboardInterrupt:
