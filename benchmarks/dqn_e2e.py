@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from typing import Any
@@ -61,7 +62,7 @@ def epsilon(step: int, total: int) -> float:
 
 class QNetwork(nn.Module):
     """CleanRL's Q-network; acting epsilon-greedily at ``self.epsilon`` (what the collector calls), as CleanRL's
-    loop acts: one draw for the step, and the network only on a greedy step."""
+    loop acts: one draw of Python's ``random`` for the step, and the network only on a greedy step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,7 +70,7 @@ class QNetwork(nn.Module):
         self.epsilon = 1.0
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        if torch.rand(()) < self.epsilon:
+        if random.random() < self.epsilon:  # CleanRL's draw: Python's random
             return {"action": torch.randint(0, 2, obs.shape[:1])}
         return {"action": self.network(obs).argmax(-1)}
 
@@ -102,6 +103,7 @@ class Learner:
 
 def hand_loop(steps: int, seed: int) -> tuple[float, int]:
     """CleanRL's loop; returns the loop's seconds and the gradient steps taken."""
+    random.seed(seed)
     envs, learner = make_envs(seed), Learner(seed)
     ring = {
         "obs": torch.zeros(BUFFER, 4),
@@ -114,7 +116,7 @@ def hand_loop(steps: int, seed: int) -> tuple[float, int]:
     obs, _ = envs.reset(seed=seed)
     began = time.perf_counter()
     for step in range(steps):
-        if np.random.random() < epsilon(step, steps):
+        if random.random() < epsilon(step, steps):
             action = np.array([envs.single_action_space.sample()])
         else:
             with torch.no_grad():
@@ -142,6 +144,7 @@ def hand_loop(steps: int, seed: int) -> tuple[float, int]:
 
 def collector_loop(steps: int, seed: int) -> tuple[float, int]:
     """The collector's batches of TRAIN_FREQUENCY steps into a ReplayRing, one gradient step per batch."""
+    random.seed(seed)  # the policy's epsilon draws, as CleanRL seeds them
     envs, learner = make_envs(seed), Learner(seed)
     collector = Collector(
         envs,

@@ -10,6 +10,10 @@ of a microsecond a call, and they disturb the caches), so the parts add up to mo
 them, which is printed too, beside a CleanRL-style hand loop writing the same rows into a ring of
 tensors. Medians of the repeats, each a fresh collector.
 
+Then the collector's own time without wrappers: the same collector and ring on a vector env whose step
+returns the same arrays (an episode end every 50th step) and a policy that returns the same action, so
+that nearly all the time is the collector's, at T=1, 8 and 128.
+
 Usage::
 
     .venv/bin/python benchmarks/fixed_cost.py [--repeats R] [--envs N]
@@ -28,8 +32,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 from offpolicy import QNetwork, gym_envs
+from torch import nn
 
 from torch_rollout import BatchKeys, Collector, ReplayRing
 from torch_rollout.envs._numpy import NumpyEnvs
@@ -118,10 +125,12 @@ def run_collector(q: QNetwork, num_envs: int, num_steps: int, batches: int, cloc
 def timed_run(q: QNetwork, num_envs: int, num_steps: int, batches: int) -> tuple[float, dict[str, float]]:
     """A run with every part wrapped: seconds per batch, and each part's own seconds per batch."""
     clocks = Clocks()
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in PARTS]
+    # The parts this version of the package has (an earlier one, for a before-and-after, lacks some).
+    parts = [(owner, name, part) for owner, name, part in PARTS if hasattr(owner, name)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in parts]
     forward = QNetwork.forward
     try:
-        for owner, name, part in PARTS:
+        for owner, name, part in parts:
             setattr(owner, name, clocks.wrap(getattr(owner, name), part))
         QNetwork.forward = clocks.wrap(forward, POLICY_PART)  # type: ignore[method-assign]
         took = run_collector(q, num_envs, num_steps, batches, clocks)
@@ -140,6 +149,66 @@ def hand_loop(q: QNetwork, num_envs: int, steps: int) -> float:
     loop.step()
     took = (time.perf_counter() - began) / steps
     loop.close()
+    return took
+
+
+class FreeEnvs(gym.vector.VectorEnv):
+    """A vector env that costs nothing: each step returns the same arrays (an episode end every 50th step).
+
+    What the collector does around its steps (checks, episode totals, rows, final observations) is the
+    same as for CartPole; the time of a run with it is the collector's own.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.obs = np.zeros((num_envs, 4), np.float32)
+        self.reward = np.ones(num_envs, np.float32)
+        self.no = np.zeros(num_envs, bool)
+        self.yes = np.ones(num_envs, bool)
+        self.final = {"final_obs": np.array(list(self.obs), dtype=object), "_final_obs": self.yes}
+        self.steps = 0
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.obs, {}
+
+    def step(self, actions: Any) -> tuple[Any, ...]:
+        self.steps += 1
+        if self.steps % 50:
+            return self.obs, self.reward, self.no, self.no, {}
+        return self.obs, self.reward, self.yes, self.no, self.final
+
+
+class FreePolicy(nn.Module):
+    """A policy that costs nothing: the same action tensor every call."""
+
+    def __init__(self, num_envs: int) -> None:
+        super().__init__()
+        self.action = torch.zeros(num_envs, dtype=torch.int64)
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": self.action}
+
+
+def own_cost(num_envs: int, num_steps: int, frames: int) -> float:
+    """Seconds per batch of ``ring.fill(collector)`` on :class:`FreeEnvs` with :class:`FreePolicy`."""
+    collector = Collector(
+        FreeEnvs(num_envs), FreePolicy(num_envs), num_steps=num_steps, gae=None, keys=BatchKeys(next_obs=True),
+        backend="thread", prefetch=0, seed=0,
+    )  # fmt: skip
+    batches = max(frames // (num_envs * num_steps), 8)
+    filling = ReplayRing(1 << 16).fill(collector)
+    next(filling), next(filling)
+    began = time.perf_counter()
+    for _ in range(batches):
+        next(filling)
+    took = (time.perf_counter() - began) / batches
+    collector.close()
     return took
 
 
@@ -173,8 +242,19 @@ def main() -> None:
             "parts_batch_s": {part: statistics.median(values) for part, values in parts.items()},
         }
     print(to_markdown(results, N))
+    own = {}
+    for T in (1, 8, 128):
+        own[f"T={T}"] = statistics.median(own_cost(N, T, 48_000 if T > 1 else 16_000) for _ in range(args.repeats))
+    print("\nThe collector's own time, a free env and a free policy (us per batch, per step):\n")
+    print(
+        markdown_table(
+            ["T", "us per batch", "us per step"],
+            [[k, f"{v * 1e6:.1f}", f"{v * 1e6 / int(k[2:]):.1f}"] for k, v in own.items()],
+        )
+    )
     info["date"] = time.strftime("%Y-%m-%d")
-    path = write_json("fixed_cost", {"machine": info, "repeats": args.repeats, "num_envs": N, "results": results})
+    payload = {"machine": info, "repeats": args.repeats, "num_envs": N, "results": results, "own_batch_s": own}
+    path = write_json("fixed_cost", payload)
     print(f"\n({info['date']}; medians of {args.repeats}; {load_line(started)}; {path.name})")
 
 
