@@ -658,6 +658,26 @@ def test_keyboard_interrupt_anywhere_in_filling_a_ring_loses_no_row_and_writes_n
         assert torch.equal(rewards[:, i], torch.arange(len(rewards), dtype=rewards.dtype)), f"env {i}"
 
 
+def test_next_after_a_fill_stopped_by_ctrl_c_goes_on_past_the_rows_the_ring_took(sigint_raises_keyboard_interrupt):
+    """A fill stopped after the ring took a batch's rows, then plain next(): those rows stay the ring's only."""
+    T, N = 4, 2
+    envs = counting_vec(N, mode=AutoresetMode.SAME_STEP)
+    ring = ReplayRing(10_000, ("reward",))
+    with Collector(envs, _NoValue(), num_steps=T, device="cpu", gae=None, prefetch=0) as collector:
+        next(ring.fill(collector))  # makes the storage
+        for k in range(1, MAX_POINTS):
+            written, _ = next_with_ctrl_c_at(ring.fill(collector), k)
+            assert written is None, "no interrupt left a batch's rows taken and not handed out"
+            if collector._placement.ready:  # the ring took the rows; Ctrl-C came before the fill yielded them
+                break
+        batch = next(collector)
+    envs.close()
+    assert len(ring) == 2 * T * N  # the first batch and the one the stopped fill took
+    rewards = torch.cat([ring.rows()["reward"].view(-1, N), batch["reward"]])  # rows t * N + env, then [T, N]
+    for i in range(N):  # TransitionCountingEnv's reward counts its real transitions: 0, 1, 2, ... once each
+        assert torch.equal(rewards[:, i], torch.arange(3 * T, dtype=rewards.dtype)), f"env {i}"
+
+
 STUCK_AT_EXIT = """
 from gymnasium.vector import SyncVectorEnv
 from reliability_envs import ConstantPolicy, faulty_fns, wait_until

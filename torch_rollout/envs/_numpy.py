@@ -186,7 +186,8 @@ class NumpyEnvs(_HostEnvs):
         if self.check_finite:
             self._check_finite(next_obs, reward, "envs.step()")
         done = terminated | truncated
-        self._read_autoreset(info, done)
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP:  # in SAME_STEP mode the infos are not read
+            self._read_autoreset(info, done)
         mode = self.autoreset_mode
         mask = None
         if mode == AutoresetMode.NEXT_STEP:

@@ -87,18 +87,19 @@ def call_policy(
     for module in training:
         object.__setattr__(module, "training", False)
     obs = call.obs
-    if call.state is None and type(obs) is Tensor and not obs.is_inference():  # the usual call: one tensor
-        inputs = [(obs_key, obs)]
-        versions = [obs._version]
-    else:
-        inputs = _inputs(call, obs_key)
-        versions = [tensor._version for _, tensor in inputs]
+    one = call.state is None and type(obs) is Tensor and not obs.is_inference()  # the usual call: one tensor
+    version = obs._version if one else 0
+    inputs = [] if one else _inputs(call, obs_key)
+    versions = [tensor._version for _, tensor in inputs]
     try:
         result = _call(policy, call, obs_key, functions)
     finally:
         for module in training:
             object.__setattr__(module, "training", True)
-    if any(tensor._version != version for (_, tensor), version in zip(inputs, versions)):
+    if one:
+        if obs._version != version:
+            _refuse_written_inputs(policy, [(obs_key, obs)], [version], call.value_only)
+    elif any(tensor._version != version for (_, tensor), version in zip(inputs, versions)):
         _refuse_written_inputs(policy, inputs, versions, call.value_only)
     return result
 
@@ -447,6 +448,8 @@ def _bootstrap_call(obs: Obs, states: TensorDictBase | None, n: int, device: tor
 
 
 def _items(raw: Any, obs_key: str) -> dict[str, Any]:
+    if type(raw) is dict and "action" in raw:  # the usual outputs: checked below, key by key
+        return dict(raw)
     if isinstance(raw, TensorDictBase):
         items = {key: raw.get(key) for key in raw.keys() if key != obs_key}
     elif isinstance(raw, Mapping):
