@@ -69,6 +69,7 @@ class ReplayRing:
         self.storage: TensorDict | None = None  # [capacity], allocated at the first write
         self._kept: dict[str, Any] = {}  # the storage's entries by key
         self._arrays: list[Any] | None = None  # NumPy views of the entries (CPU storage of tensors), in key order
+        self._plain = False  # every entry a tensor (no nested observation)
         self._plan: tuple[HostBatch, list[Any], list[tuple[Any, Any, Any]] | None] | None = None  # see _take
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
@@ -243,6 +244,7 @@ class ReplayRing:
         self._kept = {key: storage.get(key) for key in self.keys}
         self._arrays = None
         kept = list(self._kept.values())
+        self._plain = all(type(value) is Tensor for value in kept)
         if self.device.type == "cpu" and all(type(value) is Tensor for value in kept):
             try:
                 self._arrays = [value.numpy() for value in kept]
@@ -272,6 +274,9 @@ class ReplayRing:
         if self.storage is None or self.size == 0:
             raise RuntimeError("ReplayRing.sample: the ring is empty; fill it from a collector first")
         index = torch.randint(self.size, (rows,), device=self.device, generator=generator)
+        if self._plain:  # every key a tensor: indexed one by one, half the cost of indexing the TensorDict
+            picked = {key: kept[index] for key, kept in self._kept.items()}
+            return _new_tensordict(picked, batch_size=torch.Size([rows]), device=self.device)
         return self.storage[index]
 
     def rows(self) -> TensorDict:
@@ -331,6 +336,10 @@ class ReplayRing:
             storage[:size] = held
         self._keep(storage)
         self.position, self.size = state["position"], size
+
+
+# A TensorDict made without checking its entries: rows of the ring's own storage, checked when it was made.
+_new_tensordict = getattr(TensorDict, "_new_unsafe", TensorDict)
 
 
 def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:
