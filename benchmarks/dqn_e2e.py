@@ -18,9 +18,12 @@ networks, seeds 1, 2, 3, ... per repeat; the wall time of the loop, set-up exclu
 the paired ratios (hand loop's time over the collector's: above 1 the collector is faster). One
 torch thread. Writes ``results/dqn_e2e.json``.
 
+With ``--split``, each system runs its first 9,000 steps (before learning starts) with the env's step and
+the Q-network's forward timed, and prints microseconds per step of each and of the rest.
+
 Usage::
 
-    .venv/bin/python benchmarks/dqn_e2e.py [--steps 20000] [--repeats 3]
+    .venv/bin/python benchmarks/dqn_e2e.py [--steps 20000] [--repeats 3] [--split]
 """
 
 from __future__ import annotations
@@ -176,13 +179,63 @@ def collector_loop(steps: int, seed: int) -> tuple[float, int]:
 SYSTEMS = {"hand loop (CleanRL's dqn.py)": hand_loop, "collector + ReplayRing, prefetch=0": collector_loop}
 
 
+def split(repeats: int) -> None:
+    """Each system's first 9,000 steps (no learning yet), with the env's step and the Q-network's forward timed.
+
+    Prints microseconds per env step: the whole loop, the env's step, the forward, and the rest.
+    """
+    global make_envs, Learner
+    spent: dict[str, float] = {}
+
+    def timed(function: Any, part: str) -> Any:
+        def call(*args: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - began
+
+        return call
+
+    plain_envs, plain_learner = make_envs, Learner
+
+    def envs_timed(seed: int) -> gym.vector.VectorEnv:
+        envs = plain_envs(seed)
+        envs.step = timed(envs.step, "env")
+        return envs
+
+    class LearnerTimed(plain_learner):  # type: ignore[misc, valid-type]
+        def __init__(self, seed: int) -> None:
+            super().__init__(seed)
+            self.q.network.forward = timed(self.q.network.forward, "forward")
+
+    make_envs, Learner = envs_timed, LearnerTimed
+    steps = LEARNING_STARTS - 1000
+    try:
+        for repeat in range(repeats):
+            for name, run in SYSTEMS.items():
+                spent.clear()
+                took, _ = run(steps, seed=repeat + 1)
+                env, forward = spent["env"], spent.get("forward", 0.0)
+                print(
+                    f"{name:40s} us per step: {took / steps * 1e6:6.1f}  env {env / steps * 1e6:5.1f}  forward "
+                    f"{forward / steps * 1e6:5.1f}  rest {(took - env - forward) / steps * 1e6:5.1f}"
+                )
+    finally:
+        make_envs, Learner = plain_envs, plain_learner
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--split", action="store_true", help="time the env's step and the forward (no learning)")
     args = parser.parse_args()
     quiet_warnings()
     torch.set_num_threads(1)
+    if args.split:
+        split(args.repeats)
+        return
     started = os.getloadavg()[0]
     info = machine_info()
     times: dict[str, list[float]] = {name: [] for name in SYSTEMS}
