@@ -84,7 +84,9 @@ class ReplayRing:
         """Iterates ``collector``, writes each batch's real rows into the ring and yields how many it wrote.
 
         The batch itself is let go of at once: the collector's rows are free to be written again, and
-        the trainer holds nothing but the ring.
+        the trainer holds nothing but the ring. From a :class:`~torch_rollout.Collector` that collects in
+        the calling thread (``prefetch=0``, no ``timeout``, ``gae=None``) the ring copies the rows straight
+        from the collection loop's arrays, with no batch made, wherever they fit its storage as they are.
         """
         if not isinstance(collector, Collector):
             for batch in collector:
