@@ -29,7 +29,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from script_server import ScriptServer
 from torch.overrides import TorchFunctionMode
 
-from torch_rollout import Collector, ReplayRing
+from torch_rollout import Collector, Processes, ReplayRing
 
 from counting_env import TransitionCountingPolicy, counting_vec
 from placements import LOCAL_PLACEMENTS, PLACEMENTS, envs_for, num_loops
@@ -620,12 +620,18 @@ class _NoValue(TransitionCountingPolicy):
         return out
 
 
+@pytest.mark.parametrize(
+    "placement",
+    [pytest.param({"backend": "thread"}, id="thread"), pytest.param({"backend": Processes(1)}, id="process1")],
+)
 def test_keyboard_interrupt_anywhere_in_filling_a_ring_loses_no_row_and_writes_none_twice(
-    sigint_raises_keyboard_interrupt,
+    sigint_raises_keyboard_interrupt, placement
 ):
-    """prefetch=0 and a ReplayRing taking the loop's rows: Ctrl-C at every point of the fill's next() in turn."""
+    """prefetch=0 and a ReplayRing taking the rows in place (the loop's, or a worker's slot): Ctrl-C at every
+    point of the fill's next() in turn."""
     T, N = 4, 2
-    envs = counting_vec(N, mode=AutoresetMode.SAME_STEP)
+    envs, extra = envs_for(placement, partial(counting_vec, mode=AutoresetMode.SAME_STEP), N)
+    options = {**placement, **extra}
     taken = []
 
     class Ring(ReplayRing):
@@ -634,7 +640,7 @@ def test_keyboard_interrupt_anywhere_in_filling_a_ring_loses_no_row_and_writes_n
             return taken[-1]
 
     ring = Ring(10_000, ("reward", "mask"))
-    with Collector(envs, _NoValue(), num_steps=T, device="cpu", gae=None, prefetch=0) as collector:
+    with Collector(envs, _NoValue(), num_steps=T, device="cpu", gae=None, prefetch=0, **options) as collector:
         # The first batch is written whole, to make the storage: a KeyboardInterrupt inside tensordict's
         # TensorDict() leaves its per-thread construction flag set (tensordict 0.14), whoever made it.
         next(ring.fill(collector))
@@ -647,7 +653,7 @@ def test_keyboard_interrupt_anywhere_in_filling_a_ring_loses_no_row_and_writes_n
                 written = next(ring.fill(collector))
             if points < k:  # went through: every point has had its interrupt
                 break
-    envs.close()
+    close_envs(envs)
     assert k > 5 and written == T * N
     # The first batch makes the storage; every later one's rows were taken, no batch made of them.
     assert taken[0] is None and len(taken) > 5 and all(n == T * N for n in taken[1:])

@@ -15,7 +15,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
-from torch_rollout import BatchKeys, Collector, ReplayRing
+from torch_rollout import BatchKeys, Collector, Processes, ReplayRing
 from torch_rollout.envs import CartPole
 
 from counting_env import TransitionCountingPolicy, counting_vec
@@ -91,16 +91,27 @@ class _ActingOnly(TransitionCountingPolicy):
 
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda mode: mode.value)
 @pytest.mark.parametrize("policy", [_ActingOnly, TransitionCountingPolicy], ids=["no-value", "value"])
-def test_filling_in_the_trainers_thread_writes_the_rows_its_batches_hold(mode, policy):
-    """prefetch=0: the ring takes each batch's rows from the loop's arrays where it can; its rows are the same."""
-    keys = (*KEYS, "done", "mask", "log_prob", "episode_return", "policy_version")
+@pytest.mark.parametrize(
+    "placement",
+    [
+        pytest.param({"backend": "thread", "prefetch": 0}, id="thread"),
+        pytest.param({"backend": Processes(1), "prefetch": 1, "timeout": 60.0}, id="process1"),
+        pytest.param({"backend": Processes(2), "prefetch": 0, "timeout": 60.0}, id="process2"),
+    ],
+)
+def test_the_ring_takes_the_rows_in_place_as_the_batches_hold_them(mode, policy, placement):
+    """The ring copies rows from the loop's arrays (thread, prefetch=0) or the workers' slots (processes)
+    without a batch made, where they fit; its rows are the batches' rows."""
+    keys = (*KEYS, "done", "mask", "log_prob", "episode_return")
+    if not placement["prefetch"]:  # collected ahead, a batch's versions depend on when the worker ran
+        keys += ("policy_version",)
     make_envs = partial(counting_vec, mode=mode)
 
     def collector():
-        envs, _ = envs_for({"backend": "thread"}, make_envs, N)
+        envs, extra = envs_for(placement, make_envs, N)
         return Collector(
             envs, policy(), num_steps=T, total_timesteps=BATCHES * T * N, keys=BatchKeys(next_obs=True),
-            seed=3, gae=None, device="cpu", backend="thread", prefetch=0,
+            seed=3, gae=None, device="cpu", **placement, **extra,
         )  # fmt: skip
 
     with collector() as batches:
@@ -119,9 +130,9 @@ def test_filling_in_the_trainers_thread_writes_the_rows_its_batches_hold(mode, p
     for key in keys:
         assert torch.equal(held[key], expected[key][-capacity:]), key
     assert ring.position == len(expected) % capacity
-    if policy is TransitionCountingPolicy:  # its batches need bootstrap values: delivered whole
+    if policy is TransitionCountingPolicy and placement["backend"] == "thread":  # bootstrap values: a batch
         assert ring.taken == 0
-    else:
+    else:  # the workers' slots hold the bootstrap values already
         assert ring.taken == clean and (mode == AutoresetMode.NEXT_STEP or clean == BATCHES - 2)
 
 

@@ -70,7 +70,6 @@ class ReplayRing:
         self._kept: dict[str, Any] = {}  # the storage's entries by key
         self._arrays: list[Any] | None = None  # NumPy views of the entries (CPU storage of tensors), in key order
         self._plain = False  # every entry a tensor (no nested observation)
-        self._plan: tuple[HostBatch, list[Any], list[tuple[Any, Any, Any]] | None] | None = None  # see _take
         self.position = 0  # the row the next write starts at
         self.size = 0  # rows held
 
@@ -84,9 +83,10 @@ class ReplayRing:
         """Iterates ``collector``, writes each batch's real rows into the ring and yields how many it wrote.
 
         The batch itself is let go of at once: the collector's rows are free to be written again, and
-        the trainer holds nothing but the ring. From a :class:`~torch_rollout.Collector` that collects in
-        the calling thread (``prefetch=0``, no ``timeout``, ``gae=None``) the ring copies the rows straight
-        from the collection loop's arrays, with no batch made, wherever they fit its storage as they are.
+        the trainer holds nothing but the ring. From a :class:`~torch_rollout.Collector` with ``gae=None``
+        that collects in the calling thread (``prefetch=0``, no ``timeout``) or in worker processes, the
+        ring copies the rows straight from the collection loop's arrays or the workers' slots, with no
+        batch made, wherever they fit its storage as they are.
         """
         if not isinstance(collector, Collector):
             for batch in collector:
@@ -116,40 +116,50 @@ class ReplayRing:
         stop = start + n
         if self._arrays is None or stop > self.capacity or not rows.every_row:
             return None
-        plan = self._plan
-        if plan is None or plan[0] is not rows or plan[1] is not self._arrays:
-            plan = self._plan = (rows, self._arrays, self._plan_for(rows))
-        if plan[2] is None:
+        plan = rows.plan  # kept with the rows (the collector's), which live as long as their sources
+        if plan is None or plan[0] is not self._arrays:
+            plan = rows.plan = (self._arrays, self._plan_for(rows))
+        if plan[1] is None:
             return None
-        for source, array, write in plan[2]:
-            if write is None:
-                array[start:stop] = source
-            else:  # the next observations or done, written into the ring's rows
+        T, N = rows.num_steps, rows.num_envs
+        for source, array, write, envs in plan[1]:
+            if write is not None:  # the next observations or done, written into the ring's rows
                 write(array[start:stop].reshape(source.shape))
+            elif envs is None:  # every env's rows: one flat copy
+                array[start:stop] = source
+            else:  # a worker's block of envs: its columns of the rows t * N + env
+                array[start:stop].reshape(T, N, *array.shape[1:])[:, envs] = source
         self.position = stop % self.capacity
         self.size = min(self.size + n, self.capacity)
         return n
 
-    def _plan_for(self, rows: HostBatch) -> list[tuple[Any, Any, Any]] | None:
-        """``(source, storage array, writer or None)`` per kept key, in key order; None where one does not fit.
+    def _plan_for(self, rows: HostBatch) -> list[tuple[Any, Any, Any, Any]] | None:
+        """``(source, storage array, writer or None, envs or None)`` per kept key and part of the rows, in key
+        order; None where one does not fit.
 
-        The sources are views of the loop's rows (flat ``[T * N, ...]`` where they are copied as they are), so
-        the plan holds for each later batch offered in the same rows.
+        The sources are views of the loop's rows or of the workers' slots (flat ``[T * N, ...]`` where one part
+        holds every env), so the plan holds for each later batch offered in the same rows.
         """
         assert self._arrays is not None  # the storage is made
-        plan = []
-        given, n = rows.arrays, rows.num_steps * rows.num_envs
+        plan: list[tuple[Any, Any, Any, Any]] = []
+        whole, n = len(rows.parts) == 1, rows.num_steps * rows.num_envs
         for key, array in zip(self.keys, self._arrays):
-            source, write = given.get(key), None
-            if key == rows.next_obs_key:
-                source, write = given[rows.obs_key], rows.write_next_obs
-            elif key == "done":
-                source, write = given["terminated"], rows.write_done
-            if source is None or source.dtype != array.dtype or source.shape[2:] != array.shape[1:]:
-                return None
-            if not source.flags.c_contiguous:  # its flat rows would be a copy, not a view
-                return None
-            plan.append((source if write else source.reshape(n, *source.shape[2:]), array, write))
+            for first, given in rows.parts:
+                source, write = given.get(key), None
+                if source is None and whole and key == rows.next_obs_key and rows.obs_key is not None:
+                    source, write = given[rows.obs_key], rows.write_next_obs  # the loop's rows: written here
+                elif source is None and whole and key == "done":
+                    source, write = given["terminated"], rows.write_done
+                if source is None or source.dtype != array.dtype or source.shape[2:] != array.shape[1:]:
+                    return None
+                if not source.flags.c_contiguous:  # its flat rows would be a copy, not a view
+                    return None
+                if write is not None:
+                    plan.append((source, array, write, None))
+                elif whole:
+                    plan.append((source.reshape(n, *source.shape[2:]), array, None, None))
+                else:
+                    plan.append((source, array, None, slice(first, first + source.shape[1])))
         return plan
 
     def write(self, batch: TensorDictBase) -> int:

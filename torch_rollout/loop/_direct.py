@@ -1,12 +1,14 @@
-"""A complete batch's rows handed to a sink as the loop's own host arrays, with no TensorDict made for them.
+"""A complete batch's rows handed to a sink as host arrays, with no TensorDict made for them.
 
 A :class:`~torch_rollout.ReplayRing` filled from a collector that collects in the
 trainer's thread takes each batch this way: it copies the keys it keeps from the
 loop's arrays into its storage, and writes the next observations and ``done``
-there itself. What it copies are the values the batch would hold, so the ring's
-rows are those a batch would have given it. Where a batch needs more than the
-arrays (bootstrap values, rows acted ahead, storage off the CPU), there is no
-:class:`HostBatch` and the loop delivers the batch as usual.
+there itself. From worker processes it takes each worker's block of envs from the
+shared-memory slot the worker wrote the batch into (:func:`slot_batch`). What it
+copies are the values the batch would hold, so the ring's rows are those a batch
+would have given it. Where a batch needs more than the arrays (bootstrap values on
+the thread, rows acted ahead, storage off the CPU), there is no :class:`HostBatch`
+and the batch is delivered as usual.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch_rollout.loop._rows import HostRows
 if TYPE_CHECKING:
     from torch_rollout.loop._rollout import RolloutLoop
 
-__all__ = ["HostBatch", "Sink", "host_batch"]
+__all__ = ["HostBatch", "Sink", "host_batch", "slot_batch"]
 
 
 class HostBatch:
@@ -31,24 +33,43 @@ class HostBatch:
     Made once for the loop's rows and offered again each time they hold a new batch: the arrays are views of
     the rows' storage, the same objects from batch to batch (a sink may keep what it worked out from them).
 
+    Worker processes' rows come as several parts: each worker's ``[T, N_k]`` block of a batch in its
+    shared-memory slot, with its next observations and ``done`` written by the worker (see :func:`slot_batch`).
+
     Attributes:
-        arrays: ``{batch key: [T, N, ...] array}``: the observations, the policy's outputs and the loop's own
-            rows (``reward``, ``terminated``, ``truncated``, ``mask``, ...). Views of the loop's rows: copy them.
+        parts: ``(first env, {batch key: [T, N_k, ...] array})`` per block of envs, in env order: the
+            observations, the policy's outputs and the loop's own rows (``reward``, ``terminated``,
+            ``truncated``, ``mask``, ...). Views of the loop's rows (or of the slots): copy them.
         every_row: whether every row of this batch is a transition (``mask`` all True).
-        obs_key: the batch key of the observations.
-        next_obs_key: the batch key of the next observations, or None when the collector makes none.
+        obs_key: the batch key of the observations (None for the slots' parts, which hold the next ones).
+        next_obs_key: the batch key of the next observations, or None when the collector makes none or the
+            parts hold them; where the loop's own rows lack them, :meth:`write_next_obs` writes them.
     """
 
-    def __init__(self, head: HostRows, arrays: dict[str, np.ndarray], obs_key: str, next_obs_key: str | None):
+    def __init__(
+        self,
+        head: HostRows | None,
+        parts: list[tuple[int, dict[str, np.ndarray]]],
+        shape: tuple[int, int],
+        obs_key: str | None,
+        next_obs_key: str | None,
+    ):
         self.head = head
-        self.arrays = arrays
-        self.num_steps, self.num_envs = head.T, head.N
+        self.parts = parts
+        self.num_steps, self.num_envs = shape
         self.obs_key, self.next_obs_key = obs_key, next_obs_key
         self.last: Any = None  # the observations after the last row, set for each batch
         self.every_row = True
+        self.plan: Any = None  # what the sink worked out for these arrays, kept for the next batch
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of a batch in one part (the loop's rows)."""
+        return self.parts[0][1]
 
     def write_next_obs(self, rows: np.ndarray) -> None:
         """Writes each row's next observation into ``rows`` (``[T, N, ...]``), as the batch's ``next_obs``."""
+        assert self.head is not None  # the loop's own rows
         self.head.write_next_obs(rows, self.last)
 
     def write_done(self, rows: np.ndarray) -> None:
@@ -94,4 +115,23 @@ def _made(loop: RolloutLoop, head: HostRows) -> HostBatch | None:
             arrays[key] = value.numpy()
         except TypeError:  # a dtype NumPy has not (bfloat16)
             return None
-    return HostBatch(head, arrays, loop.obs_key, loop.next_obs_key)
+    return HostBatch(head, [(0, arrays)], (head.T, head.N), loop.obs_key, loop.next_obs_key)
+
+
+def slot_batch(slots: list[Any]) -> HostBatch:
+    """The rows of one batch in the workers' shared-memory slots (``[T, N_k]`` TensorDicts on the CPU, in
+    worker order) as parts of a :class:`HostBatch`: every key that is a tensor NumPy can view."""
+    parts, first = [], 0
+    for slot in slots:
+        arrays = {}
+        for key, value in slot.items():
+            if type(value) is Tensor:
+                try:
+                    arrays[key] = value.numpy()
+                except TypeError:  # a dtype NumPy has not (bfloat16): the batch is made whole for it
+                    pass
+        parts.append((first, arrays))
+        first += slot.batch_size[1]
+    made = HostBatch(None, parts, (slots[0].batch_size[0], first), None, None)
+    made.every_row = all(bool(arrays["mask"].all()) for _, arrays in parts)
+    return made

@@ -30,7 +30,7 @@ import threading
 import time
 from contextlib import ExitStack
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch_rollout.envs._gym import EnvRecipe, explain_env_error
 from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._direct import HostBatch, slot_batch
 from torch_rollout.loop._rollout import RolloutLoop, Stopped
 from torch_rollout.loop._spec import LoopSpec
 from torch_rollout.loop._weights import named_weights
@@ -138,6 +139,10 @@ class ProcessPlacement(RemotePlacement):
     interrupted ``next()`` received stays for the next one.
     """
 
+    slots: list[list[TensorDict] | None]  # each worker's batch slots, once its first batch came
+    # The slots of each batch as a sink takes them in place, by slot index per worker (see _offer).
+    _offered: dict[tuple[int, ...], tuple[list[TensorDict], HostBatch]]
+
     def __init__(
         self, recipe: EnvRecipe, acting_policy: nn.Module, settings: PlacementSettings, *, num_workers: int
     ) -> None:
@@ -150,7 +155,7 @@ class ProcessPlacement(RemotePlacement):
         # read and written through NumPy at every batch: no torch op's cost
         self._ctrl: np.ndarray | None = self.control.numpy()
         self.locks = [ctx.Lock() for _ in range(num_workers)]
-        self.slots: list[list[TensorDict] | None] = [None] * num_workers
+        self.slots, self._offered = [None] * num_workers, {}
         self._row_bytes = [0] * num_workers  # each worker's RolloutLoop.min_row_bytes(), from its Ready
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
@@ -271,6 +276,21 @@ class ProcessPlacement(RemotePlacement):
         except OSError:  # a worker that died: the wait for its answer reports why
             pass
 
+    def _offer(self, indices: list[int]) -> int | None:
+        """The sink copies the rows straight from the slots ``indices`` (one per worker): no batch is made.
+
+        Under the caller's deferred SIGINT, and before the slots are let go of: a worker writes a slot
+        again only ``prefetch + 1`` batches later.
+        """
+        assert self.sink is not None  # offered only to a sink
+        slots = [cast(list, self.slots[k])[i] for k, i in enumerate(indices)]
+        found = self._offered.get(tuple(indices))
+        if found is None or any(a is not b for a, b in zip(found[0], slots)):  # new slots: a worker remade them
+            found = self._offered[tuple(indices)] = (slots, slot_batch(slots))
+        rows = found[1]
+        rows.every_row = all(bool(arrays["mask"].all()) for _, arrays in rows.parts)
+        return self.sink(rows)
+
     def _assemble(self, indices: list[int]) -> TensorDict:
         parts = []
         for k, i in enumerate(indices):
@@ -374,7 +394,7 @@ class ProcessPlacement(RemotePlacement):
         self.control = self._ctrl = None
         self.weights = None  # the shared-memory copy goes with the workers
         self.locks = []
-        self.slots = [None] * self.num_workers
+        self.slots, self._offered = [None] * self.num_workers, {}  # their shared memory: freed once unreferenced
 
 
 def _end_processes(processes: list[multiprocessing.process.BaseProcess], wait: float) -> None:

@@ -104,6 +104,11 @@ class RemotePlacement:
         """The workers' shares, in worker order, as one ``[T, N]`` batch on ``device``."""
         raise NotImplementedError
 
+    def _offer(self, parts: list[Any]) -> int | None:
+        """The workers' shares offered to :attr:`sink` where it can take them in place: the rows it wrote,
+        or None to assemble them (:meth:`_assemble`)."""
+        return None
+
     def _taken(self) -> None:
         """Called once a batch was assembled from ``_received``, before the next one is gathered."""
 
@@ -189,7 +194,9 @@ class RemotePlacement:
             elif not gathered:
                 return False
             else:
-                batch = self._assemble([self._received[k] for k in range(self.num_workers)])
+                parts = [self._received[k] for k in range(self.num_workers)]
+                written = None if self.sink is None or self.device.type != "cpu" else self._offer(parts)
+                batch = self._assemble(parts) if written is None else written
                 self._received = {}
                 self._taken()
                 self._assembled += 1
