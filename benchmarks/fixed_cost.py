@@ -106,12 +106,20 @@ def run_collector(q: QNetwork, num_envs: int, num_steps: int, batches: int, cloc
     envs = gym_envs(num_envs)
     if clocks is not None:
         envs.step = clocks.wrap(envs.step, ENV_PART)
+    return fill_seconds(envs, q, num_steps, batches, warmup=1, seed=1, clocks=clocks)
+
+
+def fill_seconds(
+    envs: Any, policy: Any, num_steps: int, batches: int, *, warmup: int, seed: int, clocks: Clocks | None = None
+) -> float:
+    """Seconds per batch of ``ring.fill(collector)`` (thread, ``prefetch=0``), ``warmup`` batches left out."""
     collector = Collector(
-        envs, q, num_steps=num_steps, gae=None, keys=BatchKeys(next_obs=True), backend="thread", prefetch=0, seed=1
-    )
-    ring = ReplayRing(100_000)
-    filling = ring.fill(collector)
-    next(filling)
+        envs, policy, num_steps=num_steps, gae=None, keys=BatchKeys(next_obs=True), backend="thread", prefetch=0,
+        seed=seed,
+    )  # fmt: skip
+    filling = ReplayRing(100_000).fill(collector)
+    for _ in range(warmup):
+        next(filling)
     if clocks is not None:
         clocks.own.clear()
     began = time.perf_counter()
@@ -197,19 +205,8 @@ class FreePolicy(nn.Module):
 
 def own_cost(num_envs: int, num_steps: int, frames: int) -> float:
     """Seconds per batch of ``ring.fill(collector)`` on :class:`FreeEnvs` with :class:`FreePolicy`."""
-    collector = Collector(
-        FreeEnvs(num_envs), FreePolicy(num_envs), num_steps=num_steps, gae=None, keys=BatchKeys(next_obs=True),
-        backend="thread", prefetch=0, seed=0,
-    )  # fmt: skip
     batches = max(frames // (num_envs * num_steps), 8)
-    filling = ReplayRing(1 << 16).fill(collector)
-    next(filling), next(filling)
-    began = time.perf_counter()
-    for _ in range(batches):
-        next(filling)
-    took = (time.perf_counter() - began) / batches
-    collector.close()
-    return took
+    return fill_seconds(FreeEnvs(num_envs), FreePolicy(num_envs), num_steps, batches, warmup=2, seed=0)
 
 
 def main() -> None:
