@@ -20,6 +20,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import nn
 
 from torch_rollout import Collector
+from torch_rollout.envs._spaces import ActionConverter
 
 from counting_env import make_counting_envs
 from placements import PLACEMENTS, envs_for
@@ -290,6 +291,19 @@ def test_actions_outside_the_action_space(space, action, message):
     envs = SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2)
     info = collect_error(envs, action_policy(action))
     assert str(info.value) == f"Collector: policy output 'action' {message}"
+
+
+@pytest.mark.parametrize("bad", [-2, 2], ids=["below", "above"])
+@pytest.mark.parametrize("num_envs", [4, 40], ids=["few-envs", "many-envs"])
+def test_a_discrete_action_outside_the_space_is_refused_for_few_and_many_envs(num_envs, bad):
+    """Few envs' actions are checked as a list, many envs' with one NumPy reduction: both refuse either end."""
+    convert = ActionConverter(spaces.Discrete(3, start=-1), num_envs)
+    good = torch.arange(num_envs) % 3 - 1
+    assert convert(good).tolist() == good.tolist()
+    action = good.clone()
+    action[num_envs - 2] = bad
+    with pytest.raises(ValueError, match=re.escape(f"for env {num_envs - 2} is {bad}, outside Discrete(3, start=-1)")):
+        convert(action)
 
 
 class OutOfRangeForEnv3(nn.Module):

@@ -223,7 +223,8 @@ class InfoRecorder:
     ) -> None:
         """Writes row ``t`` from the infos of step ``t``; ``mask`` is False on NEXT_STEP reset rows."""
         n = self.num_envs
-        final = infos.get("final_info") if self.autoreset_mode == AutoresetMode.SAME_STEP and done.any() else None
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        final = infos.get("final_info") if same_step and np.count_nonzero(done) else None
         assert self.structures is not None  # learnt before any row records one
         for key, structure in self.structures.items():
             top = _presence(infos, key, n)
@@ -236,7 +237,7 @@ class InfoRecorder:
             present = rows[("_" + key,)][t]
             np.logical_or(top, ended, out=present)
             for source, where in ((infos, top), (final, ended)):
-                if where.any() and source is not None:  # final is None only where no row ended
+                if np.count_nonzero(where) and source is not None:  # final is None only where no row ended
                     self._check(source[key], structure, key, where)
             self._write(rows, (key,), structure, t, [(infos, top), (final, ended)])
 
@@ -248,7 +249,7 @@ class InfoRecorder:
         row = rows[path][t]
         row.fill(0)
         for source, where in sources:
-            if where.any():
+            if np.count_nonzero(where):
                 value = source
                 for part in path:
                     value = value[part]
