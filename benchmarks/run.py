@@ -4,6 +4,7 @@ Usage (after ``bash benchmarks/setup.sh``)::
 
     benchmarks/.venv/bin/python benchmarks/run.py           # full run: rewrites docs/performance*.md
     benchmarks/.venv/bin/python benchmarks/run.py --quick   # a smoke run: results/*_quick.*, docs untouched
+    benchmarks/.venv/bin/python benchmarks/run.py --pages   # no run: the pages of single_scripts.md rewritten
 
 A full run writes docs/performance-full-run.md from its own tables, and the other
 performance pages (the index docs/performance.md and the measurements of single
@@ -36,6 +37,8 @@ from _common import REPO_ROOT, RESULTS_DIR, machine_info, quiet_warnings, write_
 __all__ = ["main", "render"]
 
 DOCS = REPO_ROOT / "docs"
+# The parts whose run() takes quick and repeats (truncation takes no repeats, placement_ab rounds).
+PARTS: dict[str, Any] = {"collect": collect, "atari": atari, "gae": gae, "threads": threads, "ppo": ppo}
 PAGE = DOCS / "performance-full-run.md"
 SINGLE_SCRIPTS = Path(__file__).with_name("single_scripts.md")
 COMMAND = "bash benchmarks/setup.sh && benchmarks/.venv/bin/python benchmarks/run.py"
@@ -256,7 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=None, help="override the repeats of every part")
     parser.add_argument("--no-docs", action="store_true", help="write results/performance.md, not the docs' pages")
+    parser.add_argument(
+        "--pages", action="store_true", help="run nothing: rewrite the pages of single_scripts.md in docs/ and stop"
+    )
     args = parser.parse_args(argv)
+    if args.pages:
+        _write_docs(PAGE.read_text())
+        return
     quiet_warnings()
     parts = args.only or ["collect", "placement", "atari", "gae", "truncation", "threads", "ppo"]
     info = machine_info()
@@ -266,20 +275,12 @@ def main(argv: list[str] | None = None) -> None:
     _common.RECORD_PREFIX = "run_"
     for part in parts:
         part_start = time.perf_counter()
-        if part == "collect":
-            results[part] = collect.run(quick=args.quick, repeats=args.repeats)
+        if part == "truncation":
+            results[part] = truncation.run(quick=args.quick)
         elif part == "placement":
             results[part] = placement_ab.run(quick=args.quick, rounds=args.repeats)
-        elif part == "atari":
-            results[part] = atari.run(quick=args.quick, repeats=args.repeats)
-        elif part == "gae":
-            results[part] = gae.run(quick=args.quick, repeats=args.repeats)
-        elif part == "truncation":
-            results[part] = truncation.run(quick=args.quick)
-        elif part == "threads":
-            results[part] = threads.run(quick=args.quick, repeats=args.repeats)
-        elif part == "ppo":
-            results[part] = ppo.run(quick=args.quick, repeats=args.repeats)
+        else:
+            results[part] = PARTS[part].run(quick=args.quick, repeats=args.repeats)
         print(f"[{part} took {time.perf_counter() - part_start:.1f} s]", flush=True)
     _common.RECORD_PREFIX = ""
     elapsed = time.perf_counter() - start

@@ -163,3 +163,22 @@ def test_reliability_table_matches_the_tests():
     assert documented, "no Reliability table found in docs/reliability.md"
     assert documented - existing == set(), "the table names tests that do not exist"
     assert existing - documented == set(), "tests missing from the table"
+
+
+def test_the_performance_pages_are_the_ones_single_scripts_md_renders():
+    """``benchmarks/run.py`` writes the performance pages from ``benchmarks/single_scripts.md``: a page edited in
+    docs/ alone would lose the edit at the next run."""
+    check = (
+        "import pathlib, run\n"
+        "full = (run.DOCS / 'performance-full-run.md').read_text()\n"
+        "for name, text in run.single_script_pages(full).items():\n"
+        "    if (run.DOCS / name).read_text() != text:\n"
+        "        print(name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], (
+        "edit these pages in benchmarks/single_scripts.md, then run benchmarks/run.py --pages"
+    )
