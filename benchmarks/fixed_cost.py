@@ -40,6 +40,7 @@ from torch import nn
 
 from torch_rollout import BatchKeys, Collector, ReplayRing
 from torch_rollout.envs._numpy import NumpyEnvs
+from torch_rollout.envs._spaces import ActionConverter
 from torch_rollout.loop import _rollout
 from torch_rollout.loop._acting import Acting
 from torch_rollout.loop._rollout import RolloutLoop
@@ -63,10 +64,13 @@ PARTS = (
     (RolloutLoop, "_interact", "loop: a step's glue"),
     (RolloutLoop, "_act_on_every_env", "loop: a step's glue"),
     (RolloutLoop, "_decide", "loop: a step's glue"),
+    (_rollout, "run_steps", "loop: a step's glue"),
     (Acting, "act", "acting: the policy's outputs checked"),
     (Acting, "_call", "acting: the forward's lock, modes and input checks"),
     (NumpyEnvs, "send", "driver: the actions checked and converted"),
-    (NumpyEnvs, "recv", "driver: the step's record (checks, episode totals, final observations)"),
+    (ActionConverter, "__call__", "driver: the actions checked and converted"),
+    (NumpyEnvs, "recv", "driver: the step's results (checks, episode totals, final observations)"),
+    (NumpyEnvs, "step_into_rows", "driver: the step's results (checks, episode totals, final observations)"),
     (HostRows, "put_obs", "rows: observations written"),
     (HostRows, "put_acted", "rows: outputs and versions written"),
     (HostRows, "put_results", "rows: rewards, flags, totals written"),

@@ -89,6 +89,7 @@ class _HostEnvs:
 
     acts_at_once = False
     on_device = False  # NumPy arrays: rows written through NumPy views on the host
+    steps_into_rows = False
 
     def __init__(self, envs: VectorEnv, width: int, *, check_finite: bool, non_finite: NonFinite, env_offset: int):
         self.envs = envs
@@ -149,6 +150,8 @@ class NumpyEnvs(_HostEnvs):
     :class:`~torch_rollout.envs._autoreset.AutoresetReading`).
     """
 
+    steps_into_rows = True  # step_into_rows: send() and recv() without a record, for the loop's plain steps
+
     def __init__(self, envs: VectorEnv, **kwargs: Any) -> None:
         super().__init__(envs, envs.num_envs, **kwargs)
         self.action: np.ndarray | None = None
@@ -178,36 +181,14 @@ class NumpyEnvs(_HostEnvs):
         self.action = self.to_env_action(action)
 
     def recv(self) -> StepRecord:
-        self.call = "envs.step()"
-        began = perf_counter()
-        next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
-        self.env_seconds += perf_counter() - began
-        self.check_obs(next_obs, "envs.step()")
-        if self.check_finite:
-            self._check_finite(next_obs, reward, "envs.step()")
-        done = terminated | truncated
-        if self.autoreset_mode is not AutoresetMode.SAME_STEP:  # in SAME_STEP mode the infos are not read
-            self._read_autoreset(info, done)
-        mode = self.autoreset_mode
-        mask = None
-        if mode == AutoresetMode.NEXT_STEP:
-            # This step reset the envs that ended last step: not a real transition.
-            mask = ~self.prev_done
-            self.prev_done = done
-            self.ep_length += mask
-            is_init = ~mask  # an env's step after its reset step starts its episode
-        else:
-            self.ep_length += 1
-            is_init = done
-        self.ep_return += reward
+        assert self.action is not None  # sent before
+        next_obs, reward, terminated, truncated, info = self._step(self.action)
+        done, mask, is_init = self._count(reward, terminated, truncated, info)
         ep_return, ep_length = self.ep_return, self.ep_length  # read before the next step
         final = None
         if np.count_nonzero(done):  # a fifth of the time of done.any()
             ep_return, ep_length = ep_return.copy(), ep_length.copy()
-            self.ep_return[done] = 0.0
-            self.ep_length[done] = 0
-            if mode != AutoresetMode.NEXT_STEP:
-                next_obs, final = self._end_episodes(done, next_obs, info)
+            next_obs, final = self._end(done, next_obs, info)
         return StepRecord(
             obs=next_obs,
             reward=reward,
@@ -221,6 +202,67 @@ class NumpyEnvs(_HostEnvs):
             final=final,
             info=info,
         )
+
+    def step_into_rows(self, action: Tensor, rows: Mapping[str, np.ndarray], t: int) -> tuple[Any, Any]:
+        """``send(action, None)`` and ``recv()`` in one call, the step's results written into row ``t`` of the
+        host arrays ``rows`` (the batch keys ``reward``, ``terminated``, ``truncated``, ``mask``,
+        ``episode_return`` and ``episode_length``) rather than returned as a record.
+
+        Returns the observations to act on next and the final observations ``(envs, rows)`` of the
+        episodes that ended (None where none did or nothing needs them).
+        """
+        next_obs, reward, terminated, truncated, info = self._step(self.to_env_action(action))
+        done, mask, _ = self._count(reward, terminated, truncated, info)
+        rows["reward"][t] = reward
+        rows["terminated"][t] = terminated
+        rows["truncated"][t] = truncated
+        rows["episode_return"][t] = self.ep_return
+        rows["episode_length"][t] = self.ep_length
+        if mask is not None:
+            rows["mask"][t] = mask
+        if np.count_nonzero(done):
+            return self._end(done, next_obs, info)
+        return next_obs, None
+
+    def _step(self, action: np.ndarray) -> tuple[Any, Any, Any, Any, Any]:
+        """Every env's step with ``action``, its observations checked."""
+        self.call = "envs.step()"
+        began = perf_counter()
+        next_obs, reward, terminated, truncated, info = self.envs.step(action)
+        self.env_seconds += perf_counter() - began
+        self.check_obs(next_obs, "envs.step()")
+        if self.check_finite:
+            self._check_finite(next_obs, reward, "envs.step()")
+        return next_obs, reward, terminated, truncated, info
+
+    def _count(
+        self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, info: Mapping[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """The step's ``done``, ``mask`` (None: every env's step was a transition) and ``is_init``, its rewards and
+        lengths added to the episode totals."""
+        done = terminated | truncated
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP:  # in SAME_STEP mode the infos are not read
+            self._read_autoreset(info, done)
+        mask = None
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            # This step reset the envs that ended last step: not a real transition.
+            mask = ~self.prev_done
+            self.prev_done = done
+            self.ep_length += mask
+            is_init = ~mask  # an env's step after its reset step starts its episode
+        else:
+            self.ep_length += 1
+            is_init = done
+        self.ep_return += reward
+        return done, mask, is_init
+
+    def _end(self, done: np.ndarray, next_obs: Any, info: dict) -> tuple[Any, Any]:
+        """The totals of the episodes that ended set back to 0; what :meth:`_end_episodes` returns."""
+        self.ep_return[done] = 0.0
+        self.ep_length[done] = 0
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            return next_obs, None
+        return self._end_episodes(done, next_obs, info)
 
     def _read_autoreset(self, info: Mapping[str, Any], done: np.ndarray) -> None:
         """Checks the step's infos against the mode read; an undeclared env's first evidence decides it."""

@@ -92,6 +92,7 @@ class EnvDriver(Protocol):
     autoreset_mode: AutoresetMode
     acts_at_once: bool  # acts on every env that comes back, also past the batch's end (send/recv pools)
     on_device: bool  # records of torch tensors (rows written with tensor ops), else NumPy arrays
+    steps_into_rows: bool  # has step_into_rows(action, rows, t): every env's step written into host rows
     keep_final: bool  # the loop needs the final observations (set once the policy's outputs are known)
     call: str  # the env call running or made last, for a stuck loop's report
     reset_infos: Any  # the infos of the last reset, for the info keys' structures

@@ -77,6 +77,7 @@ class TorchEnvs:
 
     acts_at_once = False
     on_device = True  # torch tensors: rows written with tensor ops on the storage device
+    steps_into_rows = False
 
     def __init__(self, envs: VectorEnv, *, check_finite: bool, non_finite: NonFinite, env_offset: int) -> None:
         self.envs = envs

@@ -45,6 +45,7 @@ from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_fini
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
 from torch_rollout.loop._bootstrap import write_next, write_next_values
 from torch_rollout.loop._direct import Sink, host_batch
+from torch_rollout.loop._fused import run_steps
 from torch_rollout.loop._recurrent import RecurrentState
 from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
@@ -198,11 +199,8 @@ class RolloutLoop:
         the rows it wrote, and the rows are written again by the next batch.
         """
         T, N = self.num_steps, self.num_envs
-        account = self.account
         began = perf_counter()
-        if account.since is not None:
-            account.idle += began - account.since
-            account.since = None
+        self.account.begin(began)
         if self.reset_pending:
             self.reset_pending = False
             self.reset()
@@ -211,6 +209,8 @@ class RolloutLoop:
             # Rows filled a row at a time are written into out itself; rows acted ahead need their own.
             self.buffers.append(self._new_rows(None if self.driver.acts_at_once else out))
         head = self.buffers[0]
+        if self.outputs is not None:
+            run_steps(self, head)  # the plain steps of the common case, in one function (or none)
         while head.filled < T * N:
             if self.stop():
                 raise Stopped
@@ -230,15 +230,9 @@ class RolloutLoop:
             elif batch is not out:
                 out.copy_(batch)
                 batch = out
-        ended = perf_counter()
         # The env's own calls and the policy's, as the driver and the acting side timed them: their work around
         # those calls (checks, records, conversions) is the collector's.
-        account.env = self.driver.env_seconds
-        account.policy = self.acting.seconds
-        account.busy += ended - began
-        account.batches += 1
-        account.frames += T * N
-        account.since = ended
+        self.account.end(began, perf_counter(), self.driver.env_seconds, self.acting.seconds, T * N)
         return batch
 
     def _new_rows(self, out: TensorDict | None) -> HostRows | DeviceRows:

@@ -72,6 +72,21 @@ class Account:
         self.frames = 0
         self.since: float | None = None  # when the last collect() ended; None inside one and before the first
 
+    def begin(self, now: float) -> None:
+        """A collect() begins at ``now``: the time since the last one ended was idle."""
+        if self.since is not None:
+            self.idle += now - self.since
+            self.since = None
+
+    def end(self, began: float, now: float, env: float, policy: float, frames: int) -> None:
+        """A collect() that began at ``began`` ends at ``now`` with ``frames`` more; ``env`` and ``policy``: the
+        driver's and the acting side's running totals."""
+        self.env, self.policy = env, policy
+        self.busy += now - began
+        self.batches += 1
+        self.frames += frames
+        self.since = now
+
     def totals(self, now: float | None = None) -> Totals:
         """Its totals so far; with ``now``, idle counts up to it."""
         idle = self.idle
