@@ -197,18 +197,8 @@ def run(repeats: int, quick: bool) -> list[dict[str, Any]]:
 
 
 def to_markdown(results: list[dict[str, Any]]) -> str:
-    header = [
-        "shape",
-        "hand loop",
-        "collector",
-        "collector / hand loop",
-        "paired ratios",
-        "env alone",
-        "policy alone",
-        "serial floor",
-        "hand loop / floor",
-        "collector / floor",
-    ]
+    header = ["shape", HAND, COLLECTOR, "collector / hand loop", "paired ratios", ENV, POLICY]
+    header += ["serial floor", "hand loop / floor", "collector / floor"]
     rows = []
     for result in results:
         medians, serial = result["medians"], result["serial"]
