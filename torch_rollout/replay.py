@@ -20,6 +20,7 @@ from torch import Tensor
 from torch_rollout.collector import Collector
 from torch_rollout.loop._arguments import resolve_device
 from torch_rollout.loop._direct import HostBatch
+from torch_rollout.loop._rows import _new_tensordict  # unchecked: rows of the ring's own storage, checked when made
 from torch_rollout.util._devices import copy_into
 
 __all__ = ["ReplayRing"]
@@ -257,7 +258,7 @@ class ReplayRing:
         self._arrays = None
         kept = list(self._kept.values())
         self._plain = all(type(value) is Tensor for value in kept)
-        if self.device.type == "cpu" and all(type(value) is Tensor for value in kept):
+        if self.device.type == "cpu" and self._plain:
             try:
                 self._arrays = [value.numpy() for value in kept]
             except TypeError:  # a dtype NumPy has not (bfloat16): written with torch
@@ -348,10 +349,6 @@ class ReplayRing:
             storage[:size] = held
         self._keep(storage)
         self.position, self.size = state["position"], size
-
-
-# A TensorDict made without checking its entries: rows of the ring's own storage, checked when it was made.
-_new_tensordict = getattr(TensorDict, "_new_unsafe", TensorDict)
 
 
 def _no_reset_rows(collector: Any, batch: TensorDictBase) -> bool:

@@ -62,6 +62,10 @@ class HostBatch:
         self.every_row = True
         self.plan: Any = None  # what the sink worked out for these arrays, kept for the next batch
 
+    def read_masks(self) -> None:
+        """Sets :attr:`every_row` from the parts' ``mask`` rows, for the batch they hold now."""
+        self.every_row = all(bool(arrays["mask"].all()) for _, arrays in self.parts)
+
     @property
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of a batch in one part (the loop's rows)."""
@@ -97,7 +101,7 @@ def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
         return None
     assert loop.waiting is not None  # the observations after the last row
     made.last = loop.waiting.obs
-    made.every_row = bool(made.arrays["mask"].all())
+    made.read_masks()
     return made
 
 
@@ -120,7 +124,8 @@ def _made(loop: RolloutLoop, head: HostRows) -> HostBatch | None:
 
 def slot_batch(slots: list[Any]) -> HostBatch:
     """The rows of one batch in the workers' shared-memory slots (``[T, N_k]`` TensorDicts on the CPU, in
-    worker order) as parts of a :class:`HostBatch`: every key that is a tensor NumPy can view."""
+    worker order) as parts of a :class:`HostBatch`: every key that is a tensor NumPy can view. Its
+    :attr:`~HostBatch.every_row` is read from the slots with :meth:`~HostBatch.read_masks`."""
     parts, first = [], 0
     for slot in slots:
         arrays = {}
@@ -132,6 +137,4 @@ def slot_batch(slots: list[Any]) -> HostBatch:
                     pass
         parts.append((first, arrays))
         first += slot.batch_size[1]
-    made = HostBatch(None, parts, (slots[0].batch_size[0], first), None, None)
-    made.every_row = all(bool(arrays["mask"].all()) for _, arrays in parts)
-    return made
+    return HostBatch(None, parts, (slots[0].batch_size[0], first), None, None)

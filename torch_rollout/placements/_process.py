@@ -288,7 +288,7 @@ class ProcessPlacement(RemotePlacement):
         if found is None or any(a is not b for a, b in zip(found[0], slots)):  # new slots: a worker remade them
             found = self._offered[tuple(indices)] = (slots, slot_batch(slots))
         rows = found[1]
-        rows.every_row = all(bool(arrays["mask"].all()) for _, arrays in rows.parts)
+        rows.read_masks()
         return self.sink(rows)
 
     def _assemble(self, indices: list[int]) -> TensorDict:
