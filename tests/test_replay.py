@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
 from torch_rollout import BatchKeys, Collector, Processes, ReplayRing
-from torch_rollout.envs import CartPole
+from torch_rollout.envs import CartPole, FromRslRl
 
 from counting_env import TransitionCountingPolicy, counting_vec
 from placements import PLACEMENTS, envs_for
@@ -89,6 +89,28 @@ class _ActingOnly(TransitionCountingPolicy):
         return out
 
 
+def _fill_as_the_batches(collector, keys):
+    """Iterates one ``collector()`` and fills a :class:`_CountingRing` from a twin, around the ring's end; checks
+    that the ring holds the batches' real rows of ``keys``. Returns the ring, those rows and the batches it could
+    take in place: all but the first (the storage is made from it), the one around the ring's end and those with
+    reset rows to leave out."""
+    with collector() as batches:
+        made = list(batches)
+    rows = torch.cat([batch.reshape(-1).select(*keys) for batch in made])
+    expected = rows[rows["mask"]]
+    clean = sum(bool(batch["mask"].all()) for batch in made[1:-1])
+    capacity = len(expected) - 5  # the last batch wraps around the ring's end
+    ring = _CountingRing(capacity, keys)
+    with collector() as batches:
+        written = list(ring.fill(batches))
+    assert sum(written) == len(expected) and len(ring) == capacity
+    held = ring.rows()
+    for key in keys:
+        assert torch.equal(held[key], expected[key][-capacity:]), key
+    assert ring.position == len(expected) % capacity
+    return ring, expected, clean
+
+
 @pytest.mark.parametrize("mode", AUTORESET_MODES, ids=lambda mode: mode.value)
 @pytest.mark.parametrize("policy", [_ActingOnly, TransitionCountingPolicy], ids=["no-value", "value"])
 @pytest.mark.parametrize(
@@ -114,22 +136,7 @@ def test_the_ring_takes_the_rows_in_place_as_the_batches_hold_them(mode, policy,
             seed=3, gae=None, device="cpu", **placement, **extra,
         )  # fmt: skip
 
-    with collector() as batches:
-        made = list(batches)
-    rows = torch.cat([batch.reshape(-1).select(*keys) for batch in made])
-    expected = rows[rows["mask"]]
-    # Taken: all but the first batch (the storage is made from it), the one around the ring's end and those
-    # with reset rows to leave out.
-    clean = sum(bool(batch["mask"].all()) for batch in made[1:-1])
-    capacity = len(expected) - 5  # the last batch wraps around the ring's end
-    ring = _CountingRing(capacity, keys)
-    with collector() as batches:
-        written = list(ring.fill(batches))
-    assert sum(written) == len(expected) and len(ring) == capacity
-    held = ring.rows()
-    for key in keys:
-        assert torch.equal(held[key], expected[key][-capacity:]), key
-    assert ring.position == len(expected) % capacity
+    ring, _, clean = _fill_as_the_batches(collector, keys)
     if policy is TransitionCountingPolicy and placement["backend"] == "thread":  # bootstrap values: a batch
         assert ring.taken == 0
     else:  # the workers' slots hold the bootstrap values already
@@ -163,6 +170,62 @@ def test_a_prefetching_collector_and_torch_envs_fill_the_ring_as_their_batches()
         assert torch.equal(held[key], expected[key]), key
     assert held["terminated"].any()  # episodes ended inside: their next_obs are final observations
     assert torch.equal(held["next_obs"][:-8][~held["terminated"][:-8]], held["obs"][8:][~held["terminated"][:-8]])
+
+
+class _Topple(torch.nn.Module):
+    """Pushes the cart away from the side the pole leans to (CartPole's observations): short episodes."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": (obs[:, 2] < 0).long()}
+
+
+class _ToppleBox(torch.nn.Module):
+    """:class:`_Topple` for a one-dimensional Box of forces."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": -obs[:, 2:3].sign()}
+
+
+def _rsl_rl_own_finals():
+    from test_torch_loop import RslRlCartPole  # its final observations: the rows' own (bootstrap="last_obs")
+
+    return FromRslRl(RslRlCartPole(N, layout="1.x-none", both=True), bootstrap="last_obs")
+
+
+@pytest.mark.parametrize(
+    ("make_envs", "policy", "reset_rows", "seed"),
+    [
+        *(
+            pytest.param(
+                partial(CartPole, N, autoreset_mode=mode),
+                _Topple,
+                mode == AutoresetMode.NEXT_STEP,
+                3,
+                id=f"CartPole-{mode.value}",
+            )
+            for mode in AUTORESET_MODES
+        ),
+        pytest.param(_rsl_rl_own_finals, _ToppleBox, False, None, id="FromRslRl-last_obs"),  # seeded when made
+    ],
+)
+@pytest.mark.parametrize("num_steps", [2, T], ids=["final-obs-dense", "final-obs-gathered"])
+def test_a_torch_envs_rows_on_the_cpu_go_into_the_ring_in_place_as_the_batches_hold_them(
+    make_envs, policy, reset_rows, seed, num_steps
+):
+    """Rows of a torch env stored on the CPU are copied from the loop's tensors (no batch made) where they fit;
+    the ring's rows are the batches' rows, next observations at episode ends included."""
+    keys = (*KEYS, "done", "mask", "policy_version", "episode_return")
+    count = BATCHES * T // num_steps  # batches
+
+    def collector():
+        return Collector(
+            make_envs(), policy(), num_steps=num_steps, total_timesteps=count * num_steps * N,
+            keys=BatchKeys(next_obs=True), seed=seed, gae=None, device="cpu", backend="thread", prefetch=0,
+        )  # fmt: skip
+
+    ring, expected, clean = _fill_as_the_batches(collector, keys)
+    assert expected["done"].any()  # episodes ended inside: their next_obs are final observations
+    assert ring.taken == clean and (reset_rows or clean == count - 2)
 
 
 class _PushLeft(torch.nn.Module):

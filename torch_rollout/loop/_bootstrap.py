@@ -10,7 +10,11 @@ from torch import Tensor
 from torch_rollout.envs._spaces import Obs, where_rows
 from torch_rollout.loop._acting import Acting
 
-__all__ = ["write_next", "write_next_values"]
+__all__ = ["DENSE_FINALS_STEPS", "write_next", "write_next_values"]
+
+# Batches of at most this many steps value final observations densely, every env's row at every step, in
+# num_steps calls of num_envs rows: no host sync, where gathering the ended rows first reads their count back.
+DENSE_FINALS_STEPS = 4
 
 # A gathered batch's final observations (rows, envs, observations, states) and a dense one's (mask, observations,
 # states), as the rows give them

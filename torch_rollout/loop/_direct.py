@@ -8,7 +8,8 @@ shared-memory slot the worker wrote the batch into (:func:`slot_batch`). What it
 copies are the values the batch would hold, so the ring's rows are those a batch
 would have given it. Where a batch needs more than the arrays (bootstrap values on
 the thread, rows acted ahead, storage off the CPU), there is no :class:`HostBatch`
-and the batch is delivered as usual.
+and the batch is delivered as usual. A torch env's rows stored on the CPU are offered as NumPy views of
+their tensors, and their next observations written with the same torch ops as the batch's.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
-from torch_rollout.loop._rows import HostRows
+from torch_rollout.loop._bootstrap import DENSE_FINALS_STEPS, write_next
+from torch_rollout.loop._rows import DeviceRows, HostRows
 
 if TYPE_CHECKING:
     from torch_rollout.loop._rollout import RolloutLoop
@@ -48,7 +51,7 @@ class HostBatch:
 
     def __init__(
         self,
-        head: HostRows | None,
+        head: HostRows | DeviceRows | None,
         parts: list[tuple[int, dict[str, np.ndarray]]],
         shape: tuple[int, int],
         obs_key: str | None,
@@ -64,7 +67,12 @@ class HostBatch:
 
     def read_masks(self) -> None:
         """Sets :attr:`every_row` from the parts' ``mask`` rows, for the batch they hold now."""
-        self.every_row = all(bool(arrays["mask"].all()) for _, arrays in self.parts)
+        for _, arrays in self.parts:  # a loop and np.count_nonzero: a third of the cost of all(mask.all() ...)
+            mask = arrays["mask"]
+            if np.count_nonzero(mask) != mask.size:
+                self.every_row = False
+                return
+        self.every_row = True
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
@@ -73,8 +81,18 @@ class HostBatch:
 
     def write_next_obs(self, rows: np.ndarray) -> None:
         """Writes each row's next observation into ``rows`` (``[T, N, ...]``), as the batch's ``next_obs``."""
-        assert self.head is not None  # the loop's own rows
-        self.head.write_next_obs(rows, self.last)
+        head = self.head
+        assert head is not None  # the loop's own rows
+        if type(head) is HostRows:
+            head.write_next_obs(rows, self.last)
+            return
+        assert isinstance(head, DeviceRows)  # a torch env's rows, stored on the CPU: written with torch ops
+        finals = dense = None  # the final observations, as the batch's end takes them
+        if head.T <= DENSE_FINALS_STEPS:
+            dense = head.dense_finals()
+        else:
+            finals = head.gather_finals(torch.device("cpu"))
+        write_next(torch.from_numpy(rows), head.obs, self.last, finals, dense, head.own_finals())
 
     def write_done(self, rows: np.ndarray) -> None:
         """Writes ``terminated | truncated`` into ``rows`` (``[T, N]`` bool), as the batch's ``done``."""
@@ -89,10 +107,11 @@ def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
     """The rows of ``head`` (complete) as a :class:`HostBatch`, or None where the batch must be delivered whole.
 
     That is where a bootstrap value is wanted (the policy returns ``value``), rows were acted on ahead, the rows
-    are not NumPy arrays on the host (a Dict observation space, storage on a GPU), or the batch is written
-    into a slot given by the placement.
+    are not arrays on the host (a Dict observation space, storage on a GPU), or the batch is written into a
+    slot given by the placement. A torch env's rows stored on the CPU are offered as NumPy views of their
+    tensors.
     """
-    if loop.buffers or type(head) is not HostRows:
+    if loop.buffers or (type(head) is not HostRows and type(head) is not DeviceRows):
         return None
     made = head.direct
     if made is None:  # the first batch of these rows: the same for every later one
@@ -105,13 +124,21 @@ def host_batch(loop: RolloutLoop, head: Any) -> HostBatch | None:
     return made
 
 
-def _made(loop: RolloutLoop, head: HostRows) -> HostBatch | None:
+def _made(loop: RolloutLoop, head: HostRows | DeviceRows) -> HostBatch | None:
     outputs = loop.outputs
-    if head.out is not None or outputs is None or outputs.value_key is not None or not head.writes_next_obs():
+    if head.out is not None or outputs is None or outputs.value_key is not None:
         return None
     assert head.outputs is not None  # acted on
-    arrays = dict(head.host)
-    arrays[loop.obs_key] = head.obs.arrays
+    arrays: dict[str, Any] | None
+    if isinstance(head, HostRows):
+        if not head.writes_next_obs():
+            return None
+        arrays = dict(head.host)
+        arrays[loop.obs_key] = head.obs.arrays
+    else:
+        arrays = _device_arrays(head, loop.obs_key)
+    if arrays is None:
+        return None
     for key, value in head.outputs.items():
         if type(value) is not Tensor:
             return None  # a TensorDict of outputs: delivered whole
@@ -120,6 +147,19 @@ def _made(loop: RolloutLoop, head: HostRows) -> HostBatch | None:
         except TypeError:  # a dtype NumPy has not (bfloat16)
             return None
     return HostBatch(head, [(0, arrays)], (head.T, head.N), loop.obs_key, loop.next_obs_key)
+
+
+def _device_arrays(head: DeviceRows, obs_key: str) -> dict[str, np.ndarray] | None:
+    """NumPy views of a torch env's rows (its observations and the loop's own keys), where they are tensors on
+    the CPU; else None."""
+    if head.store.type != "cpu" or type(head.obs) is not Tensor:  # on a GPU, or a Dict space's TensorDict
+        return None
+    try:
+        arrays = {key: value.numpy() for key, value in head.rows.items()}
+        arrays[obs_key] = head.obs.numpy()
+    except TypeError:  # a dtype NumPy has not (bfloat16)
+        return None
+    return arrays
 
 
 def slot_batch(slots: list[Any]) -> HostBatch:

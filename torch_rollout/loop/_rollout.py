@@ -43,7 +43,7 @@ from torch import Tensor
 from torch_rollout.envs._seam import AutoresetMode, EnvDriver, StepRecord
 from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
-from torch_rollout.loop._bootstrap import write_next, write_next_values
+from torch_rollout.loop._bootstrap import DENSE_FINALS_STEPS, write_next, write_next_values
 from torch_rollout.loop._direct import Sink, host_batch
 from torch_rollout.loop._fused import run_steps
 from torch_rollout.loop._recurrent import RecurrentState
@@ -53,11 +53,6 @@ from torch_rollout.loop._stats import Account
 from torch_rollout.util._devices import copy_into
 
 __all__ = ["RolloutLoop", "Stopped"]
-
-
-# Batches of at most this many steps value final observations densely, every env's row at every step, in
-# num_steps calls of num_envs rows: no host sync, where gathering the ended rows first reads their count back.
-DENSE_FINALS_STEPS = 4
 
 
 class Stopped(Exception):
