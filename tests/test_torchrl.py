@@ -66,6 +66,8 @@ def tensordict_modes(request, monkeypatch):
     """The installed tensordict, and the path for one that keeps a single process-wide interaction type."""
     if request.param == "legacy":
         monkeypatch.setattr(_interaction, "_has_thread_local", lambda probabilistic: False)
+        _interaction._own_mode.cache_clear()  # worked out once per process: again with the path patched
+        request.addfinalizer(_interaction._own_mode.cache_clear)  # and again with the library's
         # the legacy path replaces this holder: put the library's own back afterwards
         monkeypatch.setattr(probabilistic, "_interaction_type", probabilistic._interaction_type)
     return request.param

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["greedy_modules", "own_interaction_type"]
@@ -31,18 +32,23 @@ def own_interaction_type() -> contextlib.AbstractContextManager[None]:
     ones keep one process-wide mode, which is then given a per-thread override
     (see :class:`_PerThreadMode`).
     """
-    try:
-        from tensordict.nn import probabilistic
-    except ImportError:  # pragma: no cover (tensordict is a requirement; its layout may change)
-        return contextlib.nullcontext()
-    if _has_thread_local(probabilistic):
-        return probabilistic.set_interaction_type(None, thread_local=True)
-    return _legacy_own_mode(probabilistic)
+    return _own_mode()()
 
 
 @functools.cache
+def _own_mode() -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """What makes :func:`own_interaction_type`'s context, worked out once per process (an import statement and
+    ``inspect.signature`` at every batch cost more than the rest of a short batch's hand-off)."""
+    try:
+        from tensordict.nn import probabilistic
+    except ImportError:  # pragma: no cover (tensordict is a requirement; its layout may change)
+        return contextlib.nullcontext
+    if _has_thread_local(probabilistic):
+        return functools.partial(probabilistic.set_interaction_type, None, thread_local=True)
+    return functools.partial(_legacy_own_mode, probabilistic)
+
+
 def _has_thread_local(probabilistic: Any) -> bool:
-    # Once per process: inspect.signature costs more than the rest of a short batch.
     return "thread_local" in inspect.signature(probabilistic.set_interaction_type).parameters
 
 
