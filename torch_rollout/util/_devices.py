@@ -23,6 +23,8 @@ T = TypeVar("T", Tensor, TensorDictBase)
 
 def to_device(value: T, device: torch.device) -> T:
     """``value`` on ``device``: a copy that the host can read at once when ``device`` is the CPU."""
+    if value.device == device:  # a no-op .to() costs more than the comparison, at every step
+        return value
     return value.to(device, non_blocking=device.type == "cuda")
 
 
