@@ -34,12 +34,17 @@ def write_next(rows: Obs, of: Obs, last: Obs, finals: Finals, dense: Dense, own:
     rows[-1].copy_(last)  # from its device (an upload or a readback blocks, as .to() would)
     if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
         ts, envs, obs, _ = finals
-        rows[ts.to(device), envs.to(device)] = obs.to(device)
+        rows[_on(ts, device), _on(envs, device)] = _on(obs, device)
     elif dense is not None:
         mask, obs, _ = dense
-        rows.copy_(where_rows(mask.to(device), obs.to(device), rows))
+        rows.copy_(where_rows(_on(mask, device), _on(obs, device), rows))
     if own is not None:
-        rows.copy_(where_rows(own.to(device), of, rows))
+        rows.copy_(where_rows(_on(own, device), of, rows))
+
+
+def _on(value: Any, device: Any) -> Any:
+    """``value`` on ``device`` (a no-op ``.to()`` costs more than the comparison, at every short batch)."""
+    return value if value.device == device else value.to(device)
 
 
 def write_next_values(
