@@ -37,8 +37,8 @@ def own_interaction_type() -> contextlib.AbstractContextManager[None]:
 
 @functools.cache
 def _own_mode() -> Callable[[], contextlib.AbstractContextManager[None]]:
-    """What makes :func:`own_interaction_type`'s context, worked out once per process (an import statement and
-    ``inspect.signature`` at every batch cost more than the rest of a short batch's hand-off)."""
+    """What makes :func:`own_interaction_type`'s context, worked out once per process: ``inspect.signature``
+    costs more than the rest of a short batch, and an import statement at every batch a few microseconds."""
     try:
         from tensordict.nn import probabilistic
     except ImportError:  # pragma: no cover (tensordict is a requirement; its layout may change)
