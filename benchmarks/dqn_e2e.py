@@ -167,7 +167,7 @@ def collector_loop(steps: int, seed: int) -> tuple[float, int]:
     for _ in ring.fill(collector):
         step += TRAIN_FREQUENCY
         learner.q.epsilon = epsilon(step, steps)
-        if step > LEARNING_STARTS:
+        if LEARNING_STARTS < step < steps:  # as many updates as CleanRL's loop, whose step counter stops short
             learner.update(ring.sample(BATCH))
             if step % TARGET_FREQUENCY == 0:
                 learner.sync_target()
