@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from torch_rollout.envs._spaces import Obs, where_rows
@@ -37,9 +38,18 @@ def write_next(rows: Obs, of: Obs, last: Obs, finals: Finals, dense: Dense, own:
         rows[_on(ts, device), _on(envs, device)] = _on(obs, device)
     elif dense is not None:
         mask, obs, _ = dense
-        rows.copy_(where_rows(_on(mask, device), _on(obs, device), rows))
+        _where_into(rows, _on(mask, device), _on(obs, device))
     if own is not None:
-        rows.copy_(where_rows(_on(own, device), of, rows))
+        _where_into(rows, _on(own, device), of)
+
+
+def _where_into(rows: Obs, mask: Tensor, value: Obs) -> None:
+    """``rows`` takes ``value`` where ``mask`` is True: a tensor in place (no new tensor and copy), a
+    TensorDict leaf by leaf."""
+    if isinstance(rows, Tensor):
+        torch.where(mask.view(*mask.shape, *(1,) * (rows.dim() - mask.dim())), value, rows, out=rows)
+    else:
+        rows.copy_(where_rows(mask, value, rows))
 
 
 def _on(value: Any, device: Any) -> Any:
