@@ -10,8 +10,9 @@ from torch import Tensor
 
 from torch_rollout.envs._spaces import Obs, where_rows
 from torch_rollout.loop._acting import Acting
+from torch_rollout.util._devices import to_device
 
-__all__ = ["DENSE_FINALS_STEPS", "write_next", "write_next_values"]
+__all__ = ["batch_finals", "write_next", "write_next_values"]
 
 # Batches of at most this many steps value final observations densely, every env's row at every step, in
 # num_steps calls of num_envs rows: no host sync, where gathering the ended rows first reads their count back.
@@ -21,6 +22,14 @@ DENSE_FINALS_STEPS = 4
 # states), as the rows give them
 Finals = tuple[Tensor, Tensor, Obs, Any] | None
 Dense = tuple[Tensor, Obs, Any] | None
+
+
+def batch_finals(head: Any, on_device: bool, device: Any) -> tuple[Finals, Dense]:
+    """``(finals, dense)`` of the complete rows ``head``, one of them None: dense for a short batch of a driver on
+    the device (``head`` then a ``DeviceRows``), else gathered onto ``device``."""
+    if on_device and head.T <= DENSE_FINALS_STEPS:
+        return None, head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
+    return head.gather_finals(device), None
 
 
 def write_next(rows: Obs, of: Obs, last: Obs, finals: Finals, dense: Dense, own: Tensor | None = None) -> None:
@@ -35,12 +44,12 @@ def write_next(rows: Obs, of: Obs, last: Obs, finals: Finals, dense: Dense, own:
     rows[-1].copy_(last)  # from its device (an upload or a readback blocks, as .to() would)
     if finals is not None:  # SAME_STEP and DISABLED: the next row starts after a reset
         ts, envs, obs, _ = finals
-        rows[_on(ts, device), _on(envs, device)] = _on(obs, device)
+        rows[to_device(ts, device), to_device(envs, device)] = to_device(obs, device)
     elif dense is not None:
         mask, obs, _ = dense
-        _where_into(rows, _on(mask, device), _on(obs, device))
+        _where_into(rows, to_device(mask, device), to_device(obs, device))
     if own is not None:
-        _where_into(rows, _on(own, device), of)
+        _where_into(rows, to_device(own, device), of)
 
 
 def _where_into(rows: Obs, mask: Tensor, value: Obs) -> None:
@@ -50,11 +59,6 @@ def _where_into(rows: Obs, mask: Tensor, value: Obs) -> None:
         torch.where(mask.view(*mask.shape, *(1,) * (rows.dim() - mask.dim())), value, rows, out=rows)
     else:
         rows.copy_(where_rows(mask, value, rows))
-
-
-def _on(value: Any, device: Any) -> Any:
-    """``value`` on ``device`` (a no-op ``.to()`` costs more than the comparison, at every short batch)."""
-    return value if value.device == device else value.to(device)
 
 
 def write_next_values(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torch_rollout.loop._bootstrap import DENSE_FINALS_STEPS, write_next
+from torch_rollout.loop._bootstrap import batch_finals, write_next
 from torch_rollout.loop._rows import DeviceRows, HostRows
 
 if TYPE_CHECKING:
@@ -87,11 +87,7 @@ class HostBatch:
             head.write_next_obs(rows, self.last)
             return
         assert isinstance(head, DeviceRows)  # a torch env's rows, stored on the CPU: written with torch ops
-        finals = dense = None  # the final observations, as the batch's end takes them
-        if head.T <= DENSE_FINALS_STEPS:
-            dense = head.dense_finals()
-        else:
-            finals = head.gather_finals(torch.device("cpu"))
+        finals, dense = batch_finals(head, True, torch.device("cpu"))  # as the batch's end takes them
         write_next(torch.from_numpy(rows), head.obs, self.last, finals, dense, head.own_finals())
 
     def write_done(self, rows: np.ndarray) -> None:

@@ -43,7 +43,7 @@ from torch import Tensor
 from torch_rollout.envs._seam import AutoresetMode, EnvDriver, StepRecord
 from torch_rollout.envs._spaces import Obs, ObsBuffer, empty_obs, first_non_finite, obs_to_tensor
 from torch_rollout.loop._acting import Acting, Forward, OutputLayout, PolicyCall
-from torch_rollout.loop._bootstrap import DENSE_FINALS_STEPS, write_next, write_next_values
+from torch_rollout.loop._bootstrap import batch_finals, write_next, write_next_values
 from torch_rollout.loop._direct import Sink, host_batch
 from torch_rollout.loop._fused import run_steps
 from torch_rollout.loop._recurrent import RecurrentState
@@ -397,11 +397,7 @@ class RolloutLoop:
         )
         finals = dense = None
         if self.outputs.has_value or (self.next_obs_key is not None and not on_host):
-            if self.on_device and self.num_steps <= DENSE_FINALS_STEPS:
-                assert isinstance(head, DeviceRows)  # the rows of a driver on the device
-                dense = head.dense_finals()  # no host sync: a short batch on the device (off-policy learners' T=1)
-            else:
-                finals = head.gather_finals(self.device)
+            finals, dense = batch_finals(head, self.on_device, self.device)
         own = head.own_finals()  # episodes that end on the row's own observation: its obs and value, reused
         if on_host:
             assert self.next_obs_key is not None and self.waiting is not None  # a step's observations wait
