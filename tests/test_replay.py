@@ -19,7 +19,7 @@ from torch_rollout import BatchKeys, Collector, Processes, ReplayRing
 from torch_rollout.envs import CartPole, FromRslRl
 
 from counting_env import TransitionCountingPolicy, counting_vec
-from placements import PLACEMENTS, envs_for
+from placements import PLACEMENTS, envs_for, on_ray
 from reliability_envs import AUTORESET_MODES
 
 N, T, BATCHES = 3, 7, 6
@@ -119,11 +119,17 @@ def _fill_as_the_batches(collector, keys):
         pytest.param({"backend": "thread", "prefetch": 0}, id="thread"),
         pytest.param({"backend": Processes(1), "prefetch": 1, "timeout": 60.0}, id="process1"),
         pytest.param({"backend": Processes(2), "prefetch": 0, "timeout": 60.0}, id="process2"),
+        *[
+            pytest.param({**param.values[0], "prefetch": 1, "timeout": 60.0}, id=param.id, marks=param.marks)
+            for param in PLACEMENTS
+            if on_ray(param.values[0])
+        ],
     ],
 )
+@pytest.mark.ray(mode=(AutoresetMode.SAME_STEP, AutoresetMode.DISABLED))
 def test_the_ring_takes_the_rows_in_place_as_the_batches_hold_them(mode, policy, placement):
-    """The ring copies rows from the loop's arrays (thread, prefetch=0) or the workers' slots (processes)
-    without a batch made, where they fit; its rows are the batches' rows."""
+    """The ring copies rows from the loop's arrays (thread, prefetch=0), the workers' slots (processes) or the
+    actors' arrays (Ray) without a batch made, where they fit; its rows are the batches' rows."""
     keys = (*KEYS, "done", "mask", "log_prob", "episode_return")
     if not placement["prefetch"]:  # collected ahead, a batch's versions depend on when the worker ran
         keys += ("policy_version",)
@@ -139,7 +145,7 @@ def test_the_ring_takes_the_rows_in_place_as_the_batches_hold_them(mode, policy,
     ring, _, clean = _fill_as_the_batches(collector, keys)
     if policy is TransitionCountingPolicy and placement["backend"] == "thread":  # bootstrap values: a batch
         assert ring.taken == 0
-    else:  # the workers' slots hold the bootstrap values already
+    else:  # the workers' slots (the actors' arrays) hold the bootstrap values already
         assert ring.taken == clean and (mode == AutoresetMode.NEXT_STEP or clean == BATCHES - 2)
 
 

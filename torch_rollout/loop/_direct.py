@@ -4,7 +4,8 @@ A :class:`~torch_rollout.ReplayRing` filled from a collector that collects in th
 trainer's thread takes each batch this way: it copies the keys it keeps from the
 loop's arrays into its storage, and writes the next observations and ``done``
 there itself. From worker processes it takes each worker's block of envs from the
-shared-memory slot the worker wrote the batch into (:func:`slot_batch`). What it
+shared-memory slot the worker wrote the batch into (:func:`slot_batch`), and from Ray
+actors each actor's arrays as the object store holds them (:func:`blocks_batch`). What it
 copies are the values the batch would hold, so the ring's rows are those a batch
 would have given it. Where a batch needs more than the arrays (bootstrap values on
 the thread, rows acted ahead, storage off the CPU), there is no :class:`HostBatch`
@@ -27,7 +28,7 @@ from torch_rollout.loop._rows import DeviceRows, HostRows
 if TYPE_CHECKING:
     from torch_rollout.loop._rollout import RolloutLoop
 
-__all__ = ["HostBatch", "Sink", "host_batch", "slot_batch"]
+__all__ = ["HostBatch", "Sink", "blocks_batch", "host_batch", "slot_batch"]
 
 
 class HostBatch:
@@ -160,9 +161,8 @@ def _device_arrays(head: DeviceRows, obs_key: str) -> dict[str, np.ndarray] | No
 
 def slot_batch(slots: list[Any]) -> HostBatch:
     """The rows of one batch in the workers' shared-memory slots (``[T, N_k]`` TensorDicts on the CPU, in
-    worker order) as parts of a :class:`HostBatch`: every key that is a tensor NumPy can view. Its
-    :attr:`~HostBatch.every_row` is read from the slots with :meth:`~HostBatch.read_masks`."""
-    parts, first = [], 0
+    worker order) as parts of a :class:`HostBatch`: every key that is a tensor NumPy can view."""
+    blocks = []
     for slot in slots:
         arrays = {}
         for key, value in slot.items():
@@ -171,6 +171,17 @@ def slot_batch(slots: list[Any]) -> HostBatch:
                     arrays[key] = value.numpy()
                 except TypeError:  # a dtype NumPy has not (bfloat16): the batch is made whole for it
                     pass
+        blocks.append(arrays)
+    return blocks_batch(blocks)
+
+
+def blocks_batch(blocks: list[dict[str, Any]]) -> HostBatch:
+    """One batch's rows as the workers' ``[T, N_k]`` blocks of arrays by batch key (next observations and
+    ``done`` written by the workers), in worker order; :attr:`~HostBatch.every_row` read from their ``mask``."""
+    parts, first = [], 0
+    for arrays in blocks:
         parts.append((first, arrays))
-        first += slot.batch_size[1]
-    return HostBatch(None, parts, (slots[0].batch_size[0], first), None, None)
+        first += arrays["mask"].shape[1]
+    rows = HostBatch(None, parts, (blocks[0]["mask"].shape[0], first), None, None)
+    rows.read_masks()
+    return rows

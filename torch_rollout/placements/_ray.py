@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch_rollout.envs._gym import EnvRecipe, explain_env_error
 from torch_rollout.loop._acting import PolicyCall
 from torch_rollout.loop._compile import acting_call
+from torch_rollout.loop._direct import blocks_batch
 from torch_rollout.loop._rollout import Stopped
 from torch_rollout.loop._weights import named_weights
 from torch_rollout.placements._env_calls import run_env_call
@@ -281,6 +282,11 @@ class RayPlacement(RemotePlacement):
         if isinstance(message, Ready):
             self.where[k] = message.info
         self._record(k, message)
+
+    def _offer(self, parts: list[dict[Any, Any]]) -> int | None:
+        """The sink copies each actor's arrays straight from the object store into its storage: no batch is made."""
+        assert self.sink is not None  # offered only to a sink
+        return self.sink(blocks_batch([{k: v for k, v in part.items() if type(v) is np.ndarray} for part in parts]))
 
     def _assemble(self, parts: list[dict[Any, Any]]) -> TensorDict:
         # One copy out of the object store: the concatenation (also for one worker, whose arrays are read-only).
