@@ -94,6 +94,21 @@ def advantages(gamma: float, gae_lambda: float) -> Any:
     return GAE(gamma, gae_lambda)
 
 
+def interleaved_run(doc: str | None, *, default_repeats: int, quick: str) -> tuple[int, bool, float, dict[str, Any]]:
+    """The command line of a benchmark of interleaved repeats (``--repeats``, ``--quick``: one short repeat of
+    ``quick``, a check), with the peers' warnings silenced and one torch thread: ``(repeats, quick, the 1-min load
+    at the start, machine_info())``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument(
+        "--repeats", type=int, default=None, help=f"interleaved repeats per shape (default {default_repeats}; 1 quick)"
+    )
+    parser.add_argument("--quick", action="store_true", help=f"one short repeat of {quick}: a check, not a result")
+    args = parser.parse_args()
+    quiet_warnings()
+    torch.set_num_threads(1)
+    return args.repeats or (1 if args.quick else default_repeats), args.quick, os.getloadavg()[0], machine_info()
+
+
 def quiet_warnings() -> None:
     """Silences the peers' deprecation and gymnasium precision warnings, which would drown the tables."""
     warnings.filterwarnings("ignore")

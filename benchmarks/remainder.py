@@ -31,8 +31,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +48,7 @@ from torch_rollout.loop._rows import DeviceRows, HostRows
 from torch_rollout.replay import ReplayRing
 from torch_rollout.util._devices import copy_into
 
-from _common import fmt_rate, load_line, machine_info, markdown_table, quiet_warnings, run_interleaved, write_json
+from _common import fmt_rate, interleaved_run, load_line, markdown_table, run_interleaved, write_json
 
 SHAPES = (("gym", 4, 1), ("gym", 16, 1), ("gym", 4, 8), ("torch", 4096, 1))
 GROUPS = ("checks", "totals and rows", "contexts")
@@ -215,21 +213,13 @@ def to_markdown(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per shape (default 5; 1 quick)")
-    parser.add_argument("--quick", action="store_true", help="one short repeat of the first shape: a check")
-    args = parser.parse_args()
-    quiet_warnings()
-    torch.set_num_threads(1)
-    started = os.getloadavg()[0]
-    info = machine_info()
-    repeats = args.repeats or (1 if args.quick else 5)
-    results = run(repeats, args.quick)
+    repeats, quick, started, info = interleaved_run(__doc__, default_repeats=5, quick="the first shape")
+    results = run(repeats, quick)
     table = to_markdown(results)
     print(
         f"\n{table}\n\n({repeats} repeats, one torch thread, frames/s and collector / hand loop; {load_line(started)})"
     )
-    if not args.quick:
+    if not quick:
         write_json("remainder", {"machine": info, "repeats": repeats, "results": results, "table": table})
 
 
