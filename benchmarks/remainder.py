@@ -1,5 +1,5 @@
 """What the collector's remainder against a hand loop is made of at the short off-policy shapes: its
-guarantees and the ring's copy, measured by leaving them out.
+guarantees and the ring's work, measured by leaving them out.
 
 The ring shapes of ``hand_loops.py`` (gymnasium's CartPole-v1 in SAME_STEP mode at N=4 T=1, N=16 T=1
 and N=4 T=8, torch_rollout's torch CartPole at N=4096 T=1; a 64x64 Q-network acting greedily, the
@@ -16,9 +16,10 @@ a stand-in that does only what these envs and this policy need:
 - contexts: the Ctrl-C hold around each batch (a first Ctrl-C waits for the batch's end) and the
   thread's own tensordict interaction type; the stand-in enters neither.
 
-and, with all three left out, without the ring's copy of the loop's rows as well (the collector writes
-each row into its own arrays and the ring copies the five keys it keeps from there, where the hand loop
-writes them into its ring once): the ring then holds no rows, so this column only measures.
+and, with all three left out, without the ring's work at the batch's end as well (the collector writes
+each row into its own arrays, and the ring copies the keys it keeps from there and writes ``next_obs`` and
+``done`` into its storage, where the hand loop writes its ring once, its true next observations patched in
+at each step): the ring then holds no rows, so this column only measures.
 
 The stand-ins replace private functions of this version for the run (as ``fixed_cost.py`` wraps them) and
 hold only for these envs: they are a measurement, not an option. Systems of a shape run interleaved, each
@@ -57,7 +58,7 @@ COLUMNS = (
     "collector",
     *(f"without {group}" for group in GROUPS),
     "without all three",
-    "without all three and the ring's copy",
+    "without all three and the ring's work",
 )
 
 
@@ -152,7 +153,7 @@ _STAND_INS: dict[str, dict[tuple[Any, str], Any]] = {
         (thread_placement, "_HeldInterrupt"): _NoContext,
         (thread_placement, "own_interaction_type"): _NoContext,
     },
-    "the ring's copy": {(ReplayRing, "_take"): _take_without_copy},
+    "the ring's work": {(ReplayRing, "_take"): _take_without_copy},
 }
 
 
@@ -182,7 +183,7 @@ def run(repeats: int, quick: bool) -> list[dict[str, Any]]:
             (),
             *((group,) for group in GROUPS),
             GROUPS,
-            (*GROUPS, "the ring's copy"),
+            (*GROUPS, "the ring's work"),
         ]
         name = offpolicy.shape_name(kind, num_envs, num_steps)
         print(name)
