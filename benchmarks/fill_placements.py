@@ -11,8 +11,8 @@ Envs in SAME_STEP mode (no reset rows: every batch can be taken in place): gymna
 with the 64x64 Q-network of ``offpolicy.py`` acting greedily, and an env of Atari-sized observations
 (uint8 4x84x84, 28 KB a row) whose step costs next to nothing, with a greedy linear policy on four of
 their numbers, where the copies are most of the work; ``next_obs`` on, ``gae=None``, the ring's five
-keys (32 batches' rows); ``Processes(2)`` and ``Ray(2)`` with ``prefetch=1``. Systems interleaved, each built afresh per
-repeat, one torch thread in the trainer; frames/s (rows written into the ring).
+keys (32 batches' rows); ``Processes(2)`` and ``Ray(2)`` with ``prefetch=1``. Systems interleaved, each
+built afresh per repeat, one torch thread in the trainer; frames/s (rows written into the ring).
 
 Usage::
 
