@@ -85,10 +85,10 @@ class ReplayRing:
 
         The batch itself is let go of at once: the collector's rows are free to be written again, and
         the trainer holds nothing but the ring. From a :class:`~torch_rollout.Collector` with ``gae=None``
-        that collects in the calling thread (``prefetch=0``, no ``timeout``) or in worker processes, the
-        ring copies the rows straight from the collection loop's arrays (a torch env's tensors, where they
-        are stored on the CPU) or the workers' slots, with no batch made, wherever they fit its storage as
-        they are.
+        that collects in the calling thread (``prefetch=0``, no ``timeout``), in worker processes or on Ray,
+        the ring copies the rows straight from the collection loop's arrays (a torch env's tensors, where
+        they are stored on the CPU), the workers' slots or the actors' arrays, with no batch made, wherever
+        they fit its storage as they are.
         """
         if not isinstance(collector, Collector):
             for batch in collector:
