@@ -43,8 +43,9 @@ from torch_rollout.envs._numpy import NumpyEnvs
 from torch_rollout.envs._spaces import ActionConverter
 from torch_rollout.loop import _rollout
 from torch_rollout.loop._acting import Acting
+from torch_rollout.loop._recycle import RowRing
 from torch_rollout.loop._rollout import RolloutLoop
-from torch_rollout.loop._rows import HostRows, RowRing
+from torch_rollout.loop._rows import HostRows
 from torch_rollout.placements._thread import InlinePlacement
 
 from _common import Ring, RingLoop, load_line, machine_info, markdown_table, write_json

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_rollout.collector import Collector
 from torch_rollout.loop._arguments import resolve_device
 from torch_rollout.loop._direct import HostBatch
-from torch_rollout.loop._rows import _new_tensordict  # unchecked: rows of the ring's own storage, checked when made
+from torch_rollout.loop._recycle import new_tensordict  # unchecked: rows of the ring's own storage, checked when made
 from torch_rollout.util._devices import copy_into
 
 __all__ = ["ReplayRing"]
@@ -290,7 +290,7 @@ class ReplayRing:
         index = torch.randint(self.size, (rows,), device=self.device, generator=generator)
         if self._plain:  # every key a tensor: indexed one by one, half the cost of indexing the TensorDict
             picked = {key: kept[index] for key, kept in self._kept.items()}
-            return _new_tensordict(picked, batch_size=torch.Size([rows]), device=self.device)
+            return new_tensordict(picked, batch_size=torch.Size([rows]), device=self.device)
         return self.storage[index]
 
     def rows(self) -> TensorDict:

@@ -47,7 +47,8 @@ from torch_rollout.loop._bootstrap import batch_finals, write_next, write_next_v
 from torch_rollout.loop._direct import Sink, host_batch
 from torch_rollout.loop._fused import run_steps
 from torch_rollout.loop._recurrent import RecurrentState
-from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, RowRing, select
+from torch_rollout.loop._recycle import RowRing
+from torch_rollout.loop._rows import LOOP_KEYS, DeviceRows, HostRows, RowLayout, select
 from torch_rollout.loop._spec import LoopPlace, LoopSpec
 from torch_rollout.loop._stats import Account
 from torch_rollout.util._devices import copy_into

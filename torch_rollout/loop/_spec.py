@@ -106,7 +106,7 @@ class LoopSpec:
         next_obs_key: the batch key of each row's true next observation (``"next_" + obs_key``),
             or None: the batch has none.
         batch_slots: batches on the CPU whose storage the loop writes again once nothing outside it
-            refers to them (see ``_rows.RowRing``); 0: new storage for every batch.
+            refers to them (see ``_recycle.RowRing``); 0: new storage for every batch.
     """
 
     num_steps: int
