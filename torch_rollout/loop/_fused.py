@@ -61,10 +61,10 @@ def run_steps(loop: RolloutLoop, head: HostRows | Any) -> None:
             loop.row = t
             arrays[t] = obs
             out_t, version, _ = act(PolicyCall(rows[t]), n)
-            head.put_acted(t, out_t, version, None)
-            obs, final = step_into_rows(out_t["action"], host, t)
+            obs, final = step_into_rows(out_t["action"], host, t, head.put_plain(t, out_t, version))
             head.filled += n
             if final is not None:  # (envs, their final observations)
                 finals.append((t, final[0], final[1], None))
     finally:
         loop.waiting = StepRecord(obs=obs)  # what the next step acts on, as a step's record holds it
+        cast("NumpyEnvs", driver).own_totals()

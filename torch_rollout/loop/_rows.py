@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -123,10 +123,12 @@ class _Rows:
         self.output_rows = {key: _unbind(value) for key, value in outputs.items()}
         return outputs
 
-    def _put_outputs_row(self, t: int, out_t: dict[str, Any]) -> None:
+    def _put_outputs_row(self, t: int, out_t: dict[str, Any], but: str | None = None) -> None:
         if self.outputs is None:
             self.outputs = self._allocate_outputs(out_t)
         for key, value in out_t.items():
+            if key == but:
+                continue
             rows = self.output_rows[key]
             if rows is None:
                 self.outputs[key][t] = value
@@ -182,6 +184,7 @@ class HostRows(_Rows):
     ) -> None:
         super().__init__(layout)
         T, N = self.T, self.N
+        self.action_rows: np.ndarray | Literal[False] | None = None  # the actions' rows as NumPy, False: not so
         self.out = out
         self.infos = infos
         self.staging = staging
@@ -193,6 +196,7 @@ class HostRows(_Rows):
             self.host = {key: out[key].numpy() for key in keys}
             self.outputs = {key: out[key] for key in outputs.keys}
             self.output_rows = {key: _unbind(value) for key, value in self.outputs.items()}
+            self.action_rows = _numpy_view(self.outputs["action"])
             if layout.state_keys is not None:
                 self.states = out.select(*layout.state_keys)
             if infos is not None:
@@ -243,6 +247,25 @@ class HostRows(_Rows):
         if state is not None:
             self._put_state(t, state[0])
             self.host["is_init"][t] = state[1]
+
+    def put_plain(self, t: int, out_t: dict[str, Any], version: int) -> np.ndarray | None:
+        """:meth:`put_acted` of a call without a state, but that where the action's rows are a NumPy view, its row is
+        returned for the driver to write from the NumPy array of the actions it makes anyway (a tensor copy costs a
+        few times more on a few envs' actions); None where the action's row was written here."""
+        if self.outputs is None:
+            self.outputs = self._allocate_outputs(out_t)
+        self.host["policy_version"][t] = version
+        if self.action_rows is None or self.action_rows is False:
+            self._put_outputs_row(t, out_t)
+            return None
+        self._put_outputs_row(t, out_t, but="action")
+        return self.action_rows[t]
+
+    def _allocate_outputs(self, out_t: dict[str, Any]) -> dict[str, Tensor | TensorDictBase]:
+        outputs = super()._allocate_outputs(out_t)
+        # Made with the storage (not at a later step): a RowRing counts the references to it when first delivered.
+        self.action_rows = _numpy_view(outputs["action"]) if self.on_host else False
+        return outputs
 
     def put_acted_at(
         self,
@@ -514,6 +537,14 @@ class DeviceRows(_Rows):
         if self.info is not None:
             batch["info"] = self.info
         return self._batch(batch, outputs)
+
+
+def _numpy_view(rows: Tensor | TensorDictBase) -> np.ndarray | Literal[False]:
+    """A NumPy view of a CPU tensor of rows, or False (a TensorDict, a dtype NumPy lacks, such as bfloat16)."""
+    try:
+        return rows.numpy() if type(rows) is Tensor else False
+    except TypeError:
+        return False
 
 
 def _put_result_rows(host: dict[str, np.ndarray], index: int | np.ndarray, record: StepRecord) -> None:
