@@ -70,8 +70,8 @@ class _NoContext:
         pass
 
 
-def _step_into_rows(self: NumpyEnvs, action: torch.Tensor, rows: Any, t: int) -> tuple[Any, Any]:
-    next_obs, reward, terminated, truncated, info = self._step(self.to_env_action(action))
+def _step_into_rows(self: NumpyEnvs, action: torch.Tensor, rows: Any, t: int, action_row: Any = None) -> Any:
+    next_obs, reward, terminated, truncated, info = self._step(self.to_env_action(action, None, action_row))
     done = terminated | truncated
     rows["reward"][t] = reward
     rows["terminated"][t] = terminated
@@ -100,6 +100,20 @@ def _put_outputs(self: Any, t: int, out_t: dict[str, Any], version: int, state: 
     self._put_outputs_row(t, out_t)
 
 
+def _put_plain(self: HostRows, t: int, out_t: dict[str, Any], version: int) -> Any:
+    if self.outputs is None:
+        self.outputs = self._allocate_outputs(out_t)
+    self._put_outputs_row(t, out_t, but="action")
+    return self.action_rows[t]  # a NumPy view for these policies
+
+
+def _actions_unchecked(self: ActionConverter, action: torch.Tensor, env_ids: Any = None, row: Any = None) -> Any:
+    array = action.numpy()
+    if row is not None:
+        row[...] = array
+    return array
+
+
 def _take_without_copy(self: ReplayRing, rows: Any) -> int | None:
     """The ring's position moved on as if the rows were copied in where they could be, and nothing copied."""
     n = rows.num_steps * rows.num_envs
@@ -119,6 +133,7 @@ _ORIGINAL = {
         (TorchEnvs, "_step_tensor"),
         (NumpyEnvs, "step_into_rows"),
         (HostRows, "put_acted"),
+        (HostRows, "put_plain"),
         (TorchEnvs, "recv"),
         (DeviceRows, "put_results"),
         (DeviceRows, "put_acted"),
@@ -137,7 +152,7 @@ def _outputs_as_they_are(self: Acting, raw: Any, n: int) -> Any:
 _STAND_INS: dict[str, dict[tuple[Any, str], Any]] = {
     "checks": {
         (ObsChecker, "__call__"): lambda self, obs, call: None,
-        (ActionConverter, "__call__"): lambda self, action, env_ids=None: action.numpy(),
+        (ActionConverter, "__call__"): _actions_unchecked,
         (Acting, "check_outputs"): _outputs_as_they_are,
         (TorchEnvs, "_check_obs"): lambda self, obs, call: obs,
         (TorchEnvs, "_step_tensor"): lambda self, value, what, dtype: value,
@@ -145,6 +160,7 @@ _STAND_INS: dict[str, dict[tuple[Any, str], Any]] = {
     "totals and rows": {
         (NumpyEnvs, "step_into_rows"): _step_into_rows,
         (HostRows, "put_acted"): _put_outputs,
+        (HostRows, "put_plain"): _put_plain,
         (TorchEnvs, "recv"): _recv,
         (DeviceRows, "put_results"): _put_results,
         (DeviceRows, "put_acted"): _put_outputs,
