@@ -74,6 +74,7 @@ PARTS = (
     (NumpyEnvs, "step_into_rows", "driver: the step's results (checks, episode totals, final observations)"),
     (HostRows, "put_obs", "rows: observations written"),
     (HostRows, "put_acted", "rows: outputs and versions written"),
+    (HostRows, "put_plain", "rows: outputs and versions written"),
     (HostRows, "put_results", "rows: rewards, flags, totals written"),
     (HostRows, "put_final", "rows: final observations kept"),
 )
