@@ -342,14 +342,15 @@ def test_actions_at_the_edges_of_the_action_space_reach_the_env(space, action):
 def test_box_actions_outside_the_bounds_are_clipped_for_the_env_only():
     space = spaces.Box(-1.0, 1.0, (2,), np.float32)
     envs = SyncVectorEnv([lambda: ActionEchoEnv(space)] * 2)
-    policy = action_policy([[5.0, -5.0], [0.5, 0.0]])
-    with Collector(envs, policy, num_steps=4, device="cpu", prefetch=0, timeout=TIMEOUT) as collector:
+    returned = torch.tensor([[5.0, -5.0], [0.5, 0.0]])
+    clipped = torch.tensor([[1.0, -1.0], [0.5, 0.0]])  # what the env got: it echoes the action it was given
+    options = dict(num_steps=4, device="cpu", prefetch=0, timeout=TIMEOUT)
+    with Collector(envs, action_policy(returned.tolist()), **options) as collector:
         # the first batch (the policy's first call) and the second, the loop's plain steps
         for batch in [next(collector), next(collector)]:
-            assert torch.equal(batch["action"], torch.tensor([[5.0, -5.0], [0.5, 0.0]]).expand(4, 2, 2))  # as returned
-            assert torch.equal(
-                batch["obs"][1:, :, :2], torch.tensor([[1.0, -1.0], [0.5, 0.0]]).expand(3, 2, 2)
-            )  # env's
+            assert torch.equal(batch["action"], returned.expand(4, 2, 2))  # stored as returned
+            assert torch.equal(batch["obs"][1:, :, :2], clipped.expand(3, 2, 2))
+    envs.close()
 
 
 # -- device and memory layout of policy outputs ----------------------------------------------------

@@ -249,8 +249,8 @@ class HostRows(_Rows):
             self.host["is_init"][t] = state[1]
 
     def put_plain(self, t: int, out_t: dict[str, Any], version: int) -> np.ndarray | None:
-        """:meth:`put_acted` of a call without a state, but that where the action's rows are a NumPy view, its row is
-        returned for the driver to write from the NumPy array of the actions it makes anyway (a tensor copy costs a
+        """:meth:`put_acted` of a call without a state, but that where the action's rows are a NumPy view, their row
+        ``t`` is returned for the driver to write from the values it reads for the env anyway (a tensor copy costs a
         few times more on a few envs' actions); None where the action's row was written here."""
         if self.outputs is None:
             self.outputs = self._allocate_outputs(out_t)
