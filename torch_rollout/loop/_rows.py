@@ -255,7 +255,7 @@ class HostRows(_Rows):
         if self.outputs is None:
             self.outputs = self._allocate_outputs(out_t)
         self.host["policy_version"][t] = version
-        if self.action_rows is None or self.action_rows is False:
+        if not isinstance(self.action_rows, np.ndarray):  # False: rows NumPy cannot view
             self._put_outputs_row(t, out_t)
             return None
         self._put_outputs_row(t, out_t, but="action")
